@@ -1,0 +1,60 @@
+"""ChatML in token space: the segments an agent conversation is built from.
+
+The conversation is assembled from token-id segments, never by re-encoding decoded text, so the
+ids the learner trains on are exactly the ids the generator sampled. A test checks that the
+concatenated segments decode to what the tokenizer's own chat template renders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+PAD = "<|endoftext|>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END)
+
+# Jinja ChatML template saved with the tokenizer so HF and vLLM users render the same prompts.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFormat:
+    """Encodes the template pieces of a multi-turn ChatML conversation to token ids."""
+
+    tokenizer: Any
+
+    @property
+    def im_end_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids(IM_END)
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids(PAD)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, system: str, observation: str) -> list[int]:
+        """System message, first observation as the user turn, then the assistant header."""
+        return self.encode(
+            f"{IM_START}system\n{system}{IM_END}\n"
+            f"{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n"
+        )
+
+    def observation_ids(self, observation: str) -> list[int]:
+        """What follows a finished assistant turn (which ends in <|im_end|>): the next user turn."""
+        return self.encode(f"\n{IM_START}user\n{observation}{IM_END}\n{IM_START}assistant\n")
+
+    def assistant_ids(self, text: str) -> list[int]:
+        """An assistant turn as the canonical tokenisation of `text` plus <|im_end|>.
+
+        Used only for pre-training transcripts; RL keeps the sampled ids instead.
+        """
+        return self.encode(text) + [self.im_end_id]

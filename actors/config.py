@@ -1,0 +1,63 @@
+"""The `generator` and `curriculum` sections of the run config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class GeneratorConfig(BaseModel):
+    """Rollout: vLLM generator actors running the multi-turn agent loop."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_generators: int = Field(1, ge=1, description="GeneratorActor replicas (one vLLM each).")
+    num_cpus: float = Field(1.0, gt=0, description="Logical CPUs Ray reserves per generator.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per generator (0 on CPU machines).")
+    tasks_per_step: int = Field(8, ge=1, description="Distinct tasks (env seeds) per iteration.")
+    group_size: int = Field(
+        8, ge=1, description="Episodes per task: a GRPO group shares one task and one seed."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 = on-policy).")
+    max_tokens_per_turn: int = Field(
+        16, ge=1, description="Cap on tokens the model may write in one turn (an action is short)."
+    )
+    max_context_tokens: int = Field(
+        2048, ge=64, description="vLLM max_model_len; an episode that would exceed it is "
+        "truncated before the next turn.",
+    )
+    kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on CPU.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Engine dtype: float32 on AVX2 CPUs (bf16 is 2x slower there); "
+        "it must match the learner's for logprobs to agree.",
+    )
+    send_deadline_s: float = Field(60.0, gt=0, description="gRPC deadline for one push.")
+
+
+class CurriculumConfig(BaseModel):
+    """ScalingInter-RL: the max interaction turns (horizon) as a function of training step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedule: Literal["fixed", "stepwise"] = Field(
+        "stepwise", description="fixed: always horizons[0]; stepwise: horizons[k] for steps "
+        "[k*steps_per_stage, (k+1)*steps_per_stage), the last one thereafter.",
+    )
+    horizons: list[int] = Field(
+        default_factory=lambda: [6, 13, 20],
+        description="Horizon of each stage (AgentGym-RL's BabyAI: 6, 13, 20).",
+    )
+    steps_per_stage: int = Field(100, ge=1, description="Training steps per stage (D).")
+
+    @model_validator(mode="after")
+    def _monotone(self) -> "CurriculumConfig":
+        if not self.horizons or min(self.horizons) < 1:
+            raise ValueError(f"curriculum.horizons must be positive turn counts, got "
+                             f"{self.horizons}")
+        if self.schedule == "stepwise" and any(
+            b <= a for a, b in zip(self.horizons, self.horizons[1:])
+        ):
+            raise ValueError(f"curriculum.horizons must rise strictly for a stepwise schedule "
+                             f"(h1 < h2 < h3), got {self.horizons}")
+        return self

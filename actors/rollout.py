@@ -1,0 +1,156 @@
+"""The multi-turn agent loop for one episode, in token space (plain class, no Ray).
+
+observation -> prompt ids -> model completion (exact sampled ids + logprobs) -> parsed action ->
+environment step -> observation ids appended -> ... until the env ends the episode, the horizon is
+reached or the context is full. The generator drives many of these in lock-step; a single episode
+can be run with `run_episode` for tests and scripts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from actors.chat import ChatFormat
+from envpool.base import StepResult, TextEnv
+from protos.trajectory import Failure, Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One sampled assistant turn: the engine's exact token ids and their logprobs."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" (ended on a stop token) or "length"
+
+
+class Engine(Protocol):
+    """What the agent loop needs from a language model engine (vLLM, or a fallback)."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float
+    ) -> list[Completion]: ...
+
+
+class AgentLoop:
+    """One episode's conversation, kept as token ids with a mask and behaviour logprobs."""
+
+    def __init__(self, *, chat: ChatFormat, system_prompt: str, parse_action: Callable[[str], str],
+                 horizon: int, max_context_tokens: int, max_tokens_per_turn: int) -> None:
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        self.chat = chat
+        self.system_prompt = system_prompt
+        self.parse_action = parse_action
+        self.horizon = horizon
+        self.max_context_tokens = max_context_tokens
+        self.max_tokens_per_turn = max_tokens_per_turn
+        self.prompt_ids: list[int] = []
+        self.response_ids: list[int] = []
+        self.response_mask: list[int] = []
+        self.response_logprobs: list[float] = []
+        self.rewards: list[float] = []
+        self.actions: list[str] = []
+        self.turn_seconds: list[float] = []
+        self.invalid_actions = 0
+        self.terminated = False
+        self.truncated = False
+        self.success = False
+        self.failure = Failure.NONE
+        self._turn_start = 0.0
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def num_turns(self) -> int:
+        return len(self.actions)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated or self.failure is not Failure.NONE
+
+    @property
+    def context_ids(self) -> list[int]:
+        """Everything the model conditions on for its next turn."""
+        return self.prompt_ids + self.response_ids
+
+    # -- transitions -------------------------------------------------------------------------
+    def start(self, observation: str) -> None:
+        self.prompt_ids = self.chat.prompt_ids(self.system_prompt, observation)
+        self._check_context()
+
+    def add_model_turn(self, completion: Completion) -> str:
+        """Append the sampled ids (mask 1) and return the parsed action."""
+        if self.done:
+            raise RuntimeError("add_model_turn on a finished episode")
+        self._turn_start = time.perf_counter()
+        ids, lps = list(completion.token_ids), list(completion.logprobs)
+        if len(ids) != len(lps):
+            raise ValueError(f"completion has {len(ids)} ids but {len(lps)} logprobs")
+        self._append(ids, 1, lps)
+        end = self.chat.im_end_id
+        text_ids = ids[:-1] if ids and ids[-1] == end else ids
+        if not ids or ids[-1] != end:
+            # Cut by max_tokens: close the turn with a template token the model did not sample.
+            self._append([end], 0, [0.0])
+        action = self.parse_action(self.chat.tokenizer.decode(text_ids))
+        self.actions.append(action)
+        return action
+
+    def add_env_result(self, result: StepResult) -> None:
+        """Record the step; append the next observation unless the episode is over."""
+        self.rewards.append(float(result.reward))
+        self.invalid_actions += int(bool(result.info.get("invalid_action", False)))
+        self.success = self.success or bool(result.info.get("success", False))
+        self.terminated = bool(result.terminated)
+        self.truncated = bool(result.truncated) or (
+            not self.terminated and self.num_turns >= self.horizon
+        )
+        self.turn_seconds.append(time.perf_counter() - self._turn_start)
+        if not self.done:
+            self._append(self.chat.observation_ids(result.observation), 0, None)
+            self._check_context()
+
+    def fail(self, failure: Failure) -> None:
+        """Mark an infrastructure failure: the learner masks it out rather than scoring 0."""
+        self.failure = failure
+
+    def _append(self, ids: list[int], mask: int, logprobs: list[float] | None) -> None:
+        self.response_ids += ids
+        self.response_mask += [mask] * len(ids)
+        self.response_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def _check_context(self) -> None:
+        # Leave room for a full turn; otherwise the episode ends truncated rather than overflowing.
+        if len(self.context_ids) + self.max_tokens_per_turn > self.max_context_tokens:
+            self.truncated = True
+
+    # -- output ------------------------------------------------------------------------------
+    def to_trajectory(self, *, trajectory_id: str, group_id: str, task_id: str, env_name: str,
+                      policy_version: int, info: dict[str, Any] | None = None) -> Trajectory:
+        return Trajectory(
+            trajectory_id=trajectory_id, group_id=group_id, task_id=task_id, env_name=env_name,
+            policy_version=policy_version, horizon=self.horizon,
+            prompt_ids=tuple(self.prompt_ids), response_ids=tuple(self.response_ids),
+            response_mask=tuple(self.response_mask),
+            response_logprobs=tuple(self.response_logprobs),
+            rewards=tuple(self.rewards), reward=float(sum(self.rewards)),
+            num_turns=self.num_turns, terminated=self.terminated, truncated=self.truncated,
+            failure=self.failure, turn_seconds=tuple(self.turn_seconds),
+            info={"success": self.success, "invalid_actions": self.invalid_actions,
+                  "actions": list(self.actions), **(info or {})},
+        )
+
+
+def run_episode(loop: AgentLoop, engine: Engine, env: TextEnv, *, seed: int,
+                temperature: float = 1.0) -> AgentLoop:
+    """Run one episode to the end with a single engine and env (no batching)."""
+    obs, _ = env.reset(seed=seed)
+    loop.start(obs)
+    while not loop.done:
+        (completion,) = engine.generate([loop.context_ids], max_tokens=loop.max_tokens_per_turn,
+                                        temperature=temperature)
+        action = loop.add_model_turn(completion)
+        loop.add_env_result(env.step(action))
+    return loop

@@ -1,0 +1,122 @@
+"""The run config: one pydantic tree whose sections mirror the folders, from YAML + overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from actors.config import CurriculumConfig, GeneratorConfig
+from envpool.config import EnvConfig
+from learner.config import LearnerConfig
+
+
+class TinyModelConfig(BaseModel):
+    """The locally built stand-in for a pretrained base model (used when model.path is unset)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vocab_size: int = Field(512, ge=300, description="BPE vocabulary incl. 3 ChatML specials.")
+    hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size (4 heads, 2 KV heads).")
+    num_layers: int = Field(2, ge=1, description="Transformer layers.")
+    transcripts: int = Field(6000, ge=10, description="Random-policy episodes to pre-train on.")
+    max_turns: int = Field(6, ge=1, description="Longest transcript, in turns.")
+    pretrain_steps: int = Field(600, ge=0, description="Next-token steps on the transcripts.")
+    batch_size: int = Field(32, ge=1, description="Sequences per pre-training step.")
+    lr: float = Field(2e-3, gt=0, description="Pre-training peak learning rate (cosine).")
+
+
+class ModelConfig(BaseModel):
+    """Which checkpoint the generators and learner start from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(
+        None, description="A save_pretrained folder (HF format). Unset: build the tiny model "
+        "into cache_dir on first use (no download ever happens).",
+    )
+    cache_dir: str = Field(".cache/models", description="Where built tiny models are kept.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Tiny model.")
+
+
+class RayConfig(BaseModel):
+    """Where the Ray cluster is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(
+        None, description="Existing cluster (e.g. 'auto' under ray job submit). Unset: start a "
+        "private local Ray on 127.0.0.1 and stop it at the end.",
+    )
+    num_cpus: int = Field(
+        4, ge=1, description="Logical CPUs of a local Ray: a scheduling budget, not cores; in "
+        "sync mode the phases take turns on the real cores.",
+    )
+
+
+class RunConfig(BaseModel):
+    """Everything a training run needs; saved resolved as config.yaml in the run directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("babyai-local", description="Run name; the run dir is runs/<name>__<seed>__<time>.")
+    seed: int = Field(0, description="Seeds task sampling, sampling and initialisation.")
+    iterations: int = Field(60, ge=1, description="Training iterations (policy updates).")
+    run_root: str = Field("runs", description="Parent folder of run directories.")
+    checkpoint_every: int = Field(20, ge=0, description="Save a checkpoint every N steps (0: end only).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Starting checkpoint.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment and its pool.")
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="Rollout.")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Horizon.")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
+
+
+class ConfigError(ValueError):
+    """A config problem a user can fix; the message names the field."""
+
+
+def apply_override(tree: dict[str, Any], override: str) -> None:
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (1e-4, true, [4, 8])."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.field=value")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {override!r}: {p!r} is a value, not a section")
+        node = nxt
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: value is not valid YAML ({exc})") from None
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read YAML (or defaults), apply dotted overrides, validate with errors naming fields."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        try:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections")
+    for ov in overrides:
+        apply_override(tree, ov)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}"
+                 for e in exc.errors()]
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,40 @@
+"""Resolve the starting checkpoint: a user's path, or the tiny model built once and cached."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from cluster.config import ModelConfig
+from envpool.config import EnvConfig
+
+
+def tiny_model_dir(cfg: ModelConfig, env: EnvConfig) -> Path:
+    """Cache folder keyed by everything that shapes the tiny model."""
+    key = json.dumps({"tiny": cfg.tiny.model_dump(), "env": env.name, "kwargs": env.kwargs},
+                     sort_keys=True)
+    return Path(cfg.cache_dir) / f"tiny-{env.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+
+
+def ensure_model(cfg: ModelConfig, *, env: EnvConfig) -> Path:
+    """The checkpoint folder to load; builds the tiny model on first use (never downloads)."""
+    if cfg.path is not None:
+        path = Path(cfg.path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model.path {path} is not a save_pretrained folder "
+                                    f"(no config.json); horizonrl never downloads models")
+        return path
+    out = tiny_model_dir(cfg, env)
+    if (out / "config.json").exists():
+        return out
+    from cluster.tiny_model import build_tiny_model
+
+    t = cfg.tiny
+    tmp = out.with_name(out.name + ".building")
+    build_tiny_model(tmp, env_name=env.name, env_kwargs=env.kwargs, vocab_size=t.vocab_size,
+                     hidden_size=t.hidden_size, num_layers=t.num_layers,
+                     transcripts=t.transcripts, max_turns=t.max_turns,
+                     pretrain_steps=t.pretrain_steps, batch_size=t.batch_size, lr=t.lr)
+    tmp.rename(out)  # only a finished build is ever found by the check above
+    return out

@@ -1,0 +1,180 @@
+"""Build the embedded default's stand-in for a pretrained base model, entirely offline.
+
+A byte-level BPE tokenizer is trained on transcripts of a uniformly random valid-action policy,
+a small Qwen2 model is randomly initialised, then briefly trained (next-token prediction) on the
+same kind of transcripts so it knows the language and the action format but nothing about which
+action solves the task. RL does the rest. The result is a `save_pretrained` folder that
+transformers and vLLM load like any real checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from actors.chat import CHATML_TEMPLATE, IM_END, IM_START, PAD, SPECIAL_TOKENS, ChatFormat
+from envpool.registry import make_env, env_spec
+
+MODEL_MARKER = "horizonrl_tiny_model.json"
+
+
+def random_transcripts(
+    *, env_name: str, env_kwargs: dict, episodes: int, max_turns: int, seed: int
+) -> list[list[tuple[str, str]]]:
+    """Episodes of a uniformly random valid-action policy as (role, text) message lists."""
+    spec = env_spec(env_name)
+    env = make_env(env_name, **env_kwargs)
+    rng = random.Random(seed)
+    out = []
+    for ep in range(episodes):
+        obs, info = env.reset(seed=10_000_000 + seed * 100_000 + ep)  # disjoint from RL task seeds
+        messages = [("system", spec.system_prompt), ("user", obs)]
+        for _ in range(rng.randint(1, max_turns)):
+            action = rng.choice(info["available_actions"])
+            res = env.step(action)
+            messages += [("assistant", action), ("user", res.observation)]
+            info = res.info
+            if res.terminated or res.truncated:
+                break
+        out.append(messages)
+    env.close()
+    return out
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """Byte-level BPE trained on `texts`, wrapped as a transformers fast tokenizer with ChatML."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # Split only at punctuation and newlines, so merges can span words: "red ball 1" or
+    # "2 steps forward" become single tokens. Transcripts get ~2x shorter than with word-level
+    # pre-tokenisation, and every token the tiny model reads or writes costs CPU time.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[,;:.\n]"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, bos_token=None, unk_token=None
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def _render(messages: list[tuple[str, str]]) -> str:
+    return "".join(f"{IM_START}{r}\n{t}{IM_END}\n" for r, t in messages)
+
+
+def transcript_ids(chat: ChatFormat, messages: list[tuple[str, str]]) -> list[int]:
+    """Encode a transcript with the same segments the agent loop uses at rollout time."""
+    ids = chat.prompt_ids(messages[0][1], messages[1][1])
+    for (_, action), (_, obs) in zip(messages[2::2], messages[3::2]):
+        ids += chat.assistant_ids(action) + chat.observation_ids(obs)
+    return ids
+
+
+def length_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
+    """Batches of similar length (sorted, chunked, shuffled): far less padding to compute."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(batches)
+    return batches
+
+
+def pretrain(model, sequences: list[list[int]], *, steps: int, batch_size: int, lr: float,
+             pad_id: int, seed: int, log_every: int = 25) -> list[float]:
+    """Next-token training on all tokens of the transcripts (AdamW, warm-up then cosine)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * s / steps)))
+    )
+    batches = length_batches([len(s) for s in sequences], batch_size, seed)
+    model.train()
+    losses, t0 = [], time.time()
+    for step in range(steps):
+        idx = batches[step % len(batches)]
+        width = max(len(sequences[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(idx), width), -100, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+            labels[row, : len(sequences[i])] = ids[row, : len(sequences[i])]
+        # Right padding under causal attention never reaches real tokens: no mask needed.
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            print(f"[make-tiny-model] pretrain step {step + 1}/{steps} "
+                  f"loss {sum(losses[-log_every:]) / len(losses[-log_every:]):.3f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    return losses
+
+
+def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: dict | None = None,
+                     vocab_size: int = 512, hidden_size: int = 128, num_layers: int = 2,
+                     transcripts: int = 6000, max_turns: int = 6, pretrain_steps: int = 600,
+                     batch_size: int = 32, lr: float = 2e-3, seed: int = 0) -> Path:
+    """Build tokenizer + Qwen2 model at `out` (a `save_pretrained` folder) and return the path."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out)
+    env_kwargs = dict(env_kwargs or {})
+    torch.manual_seed(seed)
+    t0 = time.time()
+    episodes = random_transcripts(env_name=env_name, env_kwargs=env_kwargs,
+                                  episodes=transcripts, max_turns=max_turns, seed=seed)
+    print(f"[make-tiny-model] {len(episodes)} random-policy transcripts "
+          f"({time.time() - t0:.0f}s)", flush=True)
+    tokenizer = train_tokenizer([_render(m) for m in episodes], vocab_size)
+    chat = ChatFormat(tokenizer)
+    sequences = [transcript_ids(chat, m) for m in episodes]
+    config = Qwen2Config(
+        vocab_size=64 * math.ceil(len(tokenizer) / 64),  # padded to a multiple of 64
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=chat.im_end_id,
+        pad_token_id=chat.pad_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[make-tiny-model] Qwen2 {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, "
+          f"mean transcript {sum(map(len, sequences)) / len(sequences):.0f} tokens", flush=True)
+    losses = pretrain(model, sequences, steps=pretrain_steps, batch_size=batch_size, lr=lr,
+                      pad_id=chat.pad_id, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.eos_token_id = chat.im_end_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / MODEL_MARKER).write_text(json.dumps({
+        "env_name": env_name, "env_kwargs": env_kwargs, "params": n_params,
+        "pretrain_steps": pretrain_steps, "final_loss": losses[-1] if losses else None,
+        "seconds": round(time.time() - t0, 1), "seed": seed,
+    }, indent=2))
+    print(f"[make-tiny-model] saved to {out} ({time.time() - t0:.0f}s)", flush=True)
+    return out

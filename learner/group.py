@@ -1,0 +1,125 @@
+"""LearnerGroup: the DeepSpeed ranks as Ray actors, fed whole GRPO groups from the ingest."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from learner import algorithms as alg
+from learner.batch import group_index, pad_batch, split_rows, valid_mask
+from learner.config import LearnerConfig
+from learner.worker import LearnerWorker
+from protos.trajectory import Trajectory
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
+                               timeout_s: float = 120.0) -> Any:
+    """Reserve `bundles`; on timeout raise an error saying what was asked and what is free."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise RuntimeError(f"could not place {what}: asked for {bundles}, cluster has "
+                           f"{ray.available_resources()} free") from None
+    return pg
+
+
+class LearnerGroup:
+    """`world_size` LearnerWorker actors on one placement group."""
+
+    def __init__(self, cfg: LearnerConfig, *, model_path: str, pad_id: int, seed: int) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.cfg, self.pad_id = cfg, pad_id
+        self.pg = placement_group_or_explain(
+            [{"CPU": cfg.num_cpus_per_worker}] * cfg.world_size, what="learner ranks")
+        port = _free_port()
+        remote = ray.remote(num_cpus=cfg.num_cpus_per_worker, max_restarts=0)(LearnerWorker)
+        self.workers = [
+            remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=rank),
+                name=None).remote(rank=rank, world_size=cfg.world_size, master_port=port,
+                                  cfg=cfg, model_path=model_path, seed=seed)
+            for rank in range(cfg.world_size)
+        ]
+        ray.get([w.ready.remote() for w in self.workers])
+
+    def advantages(self, trajs: Sequence[Trajectory]) -> np.ndarray:
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+        return alg.grpo_advantages(
+            rewards, torch.from_numpy(group_index(trajs)), torch.from_numpy(valid_mask(trajs)),
+            norm_by_std=self.cfg.norm_adv_by_std).numpy()
+
+    def select(self, trajs: Sequence[Trajectory], adv: np.ndarray) -> list[int]:
+        """Indices that carry signal: valid episodes of groups whose rewards differ."""
+        valid = valid_mask(trajs)
+        if not self.cfg.skip_zero_variance_groups:
+            return [i for i in range(len(trajs)) if valid[i]]
+        groups = group_index(trajs)
+        keep = {g for g in set(groups.tolist()) if np.any(adv[(groups == g) & valid] != 0)}
+        return [i for i in range(len(trajs)) if valid[i] and groups[i] in keep]
+
+    def train(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
+        """One policy update on whole groups; an update with too few rows is skipped."""
+        import ray
+
+        adv = self.advantages(trajs)
+        idx = self.select(trajs, adv)
+        need = self.cfg.world_size * self.cfg.minibatches
+        stats = {"groups_kept": float(len({trajs[i].group_id for i in idx})),
+                 "rows_trained": float(len(idx)), "skipped_update": 0.0}
+        if len(idx) < need:
+            stats["skipped_update"] = 1.0
+            return stats
+        batch = pad_batch([trajs[i] for i in idx], adv[idx], pad_id=self.pad_id)
+        shards = split_rows(batch, self.cfg.world_size)
+        results = ray.get([w.train.remote(s) for w, s in zip(self.workers, shards)])
+        for k in results[0]:
+            stats[k] = float(np.mean([r[k] for r in results]))
+        stats["adv_abs_mean"] = float(np.abs(adv[idx]).mean())
+        return stats
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        import ray
+
+        return ray.get([w.score.remote(sequences) for w in self.workers])[0]
+
+    def state_dict_ref(self) -> Any:
+        """An ObjectRef to rank 0's full state dict (generators resolve it themselves)."""
+        import ray
+
+        refs = [w.state_dict.remote() for w in self.workers]
+        ray.wait(refs[1:], num_returns=len(refs) - 1) if len(refs) > 1 else None
+        return refs[0]
+
+    def save_hf(self, path: Any) -> None:
+        import ray
+
+        ray.get([w.save_hf.remote(str(path)) for w in self.workers])
+
+    def health(self) -> list[dict[str, Any]]:
+        import ray
+
+        return ray.get([w.health.remote() for w in self.workers])
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for w in self.workers:
+            ray.kill(w)
+        remove_placement_group(self.pg)

@@ -1,0 +1,145 @@
+"""LearnerWorker: one DeepSpeed ZeRO rank holding the policy and a frozen reference model.
+
+Plain class, made remote at the edge by `LearnerGroup`. Ranks meet over gloo on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from learner import algorithms as alg
+from learner.batch import split_rows, trim
+from learner.config import LearnerConfig
+
+
+def deepspeed_config(cfg: LearnerConfig, micro_batch: int) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        # torch's AdamW: DeepSpeed's CPUAdam/FusedAdam JIT-compile for ~4 min each.
+        "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
+                                                  "torch_adam": True}},
+        "scheduler": {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": cfg.lr,
+            "warmup_num_steps": max(1, cfg.warmup_steps), "warmup_type": "linear"}},
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+class LearnerWorker:
+    """One rank: forward/backward with DeepSpeed, GRPO loss, weights for the generators."""
+
+    def __init__(self, *, rank: int, world_size: int, master_port: int, cfg: LearnerConfig,
+                 model_path: str, seed: int) -> None:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+        torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(seed)
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        if not cfg.shm_allreduce:
+            # Skips the 1-2 min gcc build of the shm allreduce; DeepSpeed then uses gloo alone.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        self.cfg, self.rank = cfg, rank
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.ref = None
+        if cfg.kl_coef > 0:
+            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            self.ref.eval().requires_grad_(False)
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=deepspeed_config(cfg, micro_batch=1))
+        self.updates = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def health(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": os.getpid(), "updates": self.updates}
+
+    def train(self, shard: dict[str, np.ndarray]) -> dict[str, float]:
+        """`epochs` x `minibatches` optimizer steps on this rank's shard; mean metrics."""
+        t0 = time.perf_counter()
+        self.engine.train()
+        stats: dict[str, list[float]] = {}
+        for _ in range(self.cfg.epochs):
+            for mb in split_rows(shard, self.cfg.minibatches):
+                for k, v in self._step(trim(mb)).items():
+                    stats.setdefault(k, []).append(v)
+        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out["learn_seconds"] = time.perf_counter() - t0
+        return out
+
+    def _step(self, mb: dict[str, np.ndarray]) -> dict[str, float]:
+        t = {k: torch.from_numpy(v) for k, v in mb.items()}
+        # Rows are right-padded and attention is causal, so padding never reaches a real token:
+        # no attention mask, which keeps SDPA on its fast causal path.
+        logits = self.engine(input_ids=t["input_ids"]).logits
+        logp = alg.token_logprobs(logits, t["input_ids"])
+        mask = t["loss_mask"]
+        pg, clip_frac, ratio = alg.clipped_policy_loss(
+            logp, t["old_logprobs"], t["advantages"], mask, clip=self.cfg.clip_ratio)
+        loss, kl = pg, torch.zeros(())
+        if self.ref is not None:
+            with torch.no_grad():
+                ref_logits = self.ref(input_ids=t["input_ids"]).logits
+            kl = alg.masked_mean(alg.kl_penalty(
+                logp, alg.token_logprobs(ref_logits, t["input_ids"]), self.cfg.kl_estimator), mask)
+            loss = pg + self.cfg.kl_coef * kl
+        self.engine.backward(loss)
+        self.engine.step()
+        self.updates += 1
+        with torch.no_grad():
+            entropy = alg.masked_mean(alg.entropy_from_logits(logits.detach()), mask)
+            dev = ((ratio.detach() - 1).abs() * mask).max()
+        grad_norm = self.engine.get_global_grad_norm()
+        return {"loss": loss.item(), "pg_loss": pg.item(), "kl": kl.item(),
+                "clip_frac": clip_frac.item(), "entropy": entropy.item(),
+                "ratio_max_dev": dev.item(),
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                "lr": float(self.engine.get_lr()[0])}
+
+    @torch.no_grad()
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Logprob of every token of each sequence under the current policy."""
+        self.engine.eval()
+        out = []
+        for seq in sequences:
+            ids = torch.tensor([list(seq)], dtype=torch.long)
+            out.append(alg.token_logprobs(self.engine(input_ids=ids).logits, ids)[0].tolist())
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray] | None:
+        """Full HF state dict on rank 0 (every rank must call: ZeRO-3 gathers collectively).
+
+        Keeps `lm_head.weight` even when tied to the embeddings: vLLM leaves a tied head stale
+        if it is missing from the reload.
+        """
+        import deepspeed
+
+        module = self.engine.module
+        params = list(module.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=self.cfg.zero_stage == 3):
+            if self.rank != 0:
+                return None
+            sd = {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+        if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"].copy()
+        return sd
+
+    def save_hf(self, path: str) -> None:
+        """Write a `save_pretrained` folder (rank 0; every rank must call, as above)."""
+        sd = self.state_dict()
+        if sd is not None:
+            self.engine.module.save_pretrained(
+                path, state_dict={k: torch.from_numpy(v) for k, v in sd.items()})

@@ -1,0 +1,1 @@
+"""horizonrl protos."""

@@ -1,0 +1,111 @@
+"""Convert `Trajectory` dataclasses to and from the `horizonrl.v1.Trajectory` protobuf.
+
+The only place protobuf meets the rest of the code: generators call `to_proto`/`encode`, the
+learner's ingest calls `from_proto`/`decode`, and everything else sees the frozen dataclass.
+
+What survives a round trip exactly: ids, token ids, mask, counts, flags, failure, turn_seconds
+(float64). What does not:
+- `response_logprobs`, `rewards` and `reward` travel as float32 (the learner computes in float32
+  and it halves the payload), so a Python float comes back rounded to the nearest float32.
+- `info` travels as JSON: it must be JSON-serializable (else `TypeError` in `to_proto`), tuples
+  come back as lists and non-string keys as strings. No pickle ever crosses the network.
+Decoding rebuilds the dataclass, so its validation (length mismatches, turns above the horizon)
+raises `ValueError` on the receiving side too; so do an unknown failure code and bad JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from protos import trajectory_pb2
+from protos.trajectory import Failure, Trajectory
+
+# Explicit tables rather than name mangling: a new Failure member without a wire code fails
+# loudly here (KeyError in to_proto) instead of silently travelling as FAILURE_NONE.
+_FAILURE_TO_WIRE: dict[Failure, int] = {
+    Failure.NONE: trajectory_pb2.FAILURE_NONE,
+    Failure.ENV_ERROR: trajectory_pb2.FAILURE_ENV_ERROR,
+    Failure.TIMEOUT: trajectory_pb2.FAILURE_TIMEOUT,
+    Failure.GENERATOR_ERROR: trajectory_pb2.FAILURE_GENERATOR_ERROR,
+}
+_FAILURE_FROM_WIRE: dict[int, Failure] = {code: f for f, code in _FAILURE_TO_WIRE.items()}
+
+
+def to_proto(t: Trajectory) -> trajectory_pb2.Trajectory:
+    """Build the wire message for `t` (float32 logprobs/rewards, `info` as JSON)."""
+    return trajectory_pb2.Trajectory(
+        trajectory_id=t.trajectory_id,
+        group_id=t.group_id,
+        task_id=t.task_id,
+        env_name=t.env_name,
+        policy_version=t.policy_version,
+        horizon=t.horizon,
+        prompt_ids=t.prompt_ids,
+        response_ids=t.response_ids,
+        response_mask=t.response_mask,
+        response_logprobs=t.response_logprobs,
+        rewards=t.rewards,
+        reward=t.reward,
+        num_turns=t.num_turns,
+        terminated=t.terminated,
+        truncated=t.truncated,
+        failure=_FAILURE_TO_WIRE[t.failure],
+        turn_seconds=t.turn_seconds,
+        # "" for the common empty dict: the proto3 default costs no bytes on the wire.
+        info_json=json.dumps(t.info, separators=(",", ":")) if t.info else "",
+    )
+
+
+def from_proto(m: trajectory_pb2.Trajectory) -> Trajectory:
+    """Rebuild the dataclass from a wire message; raises `ValueError` if it is malformed."""
+    failure = _FAILURE_FROM_WIRE.get(m.failure)
+    if failure is None:
+        raise ValueError(f"trajectory {m.trajectory_id}: unknown failure code {m.failure}")
+    return Trajectory(
+        trajectory_id=m.trajectory_id,
+        group_id=m.group_id,
+        task_id=m.task_id,
+        env_name=m.env_name,
+        policy_version=m.policy_version,
+        horizon=m.horizon,
+        prompt_ids=tuple(m.prompt_ids),
+        response_ids=tuple(m.response_ids),
+        response_mask=tuple(m.response_mask),
+        response_logprobs=tuple(m.response_logprobs),
+        rewards=tuple(m.rewards),
+        reward=m.reward,
+        num_turns=m.num_turns,
+        terminated=m.terminated,
+        truncated=m.truncated,
+        failure=failure,
+        turn_seconds=tuple(m.turn_seconds),
+        info=_load_info(m.trajectory_id, m.info_json),
+    )
+
+
+def encode(t: Trajectory) -> bytes:
+    """Serialize `t` to protobuf bytes."""
+    return to_proto(t).SerializeToString()
+
+
+def decode(b: bytes) -> Trajectory:
+    """Parse protobuf bytes into a `Trajectory`; raises `ValueError` if malformed."""
+    m = trajectory_pb2.Trajectory()
+    try:
+        m.ParseFromString(b)
+    except DecodeError as e:  # callers handle one exception type for every malformed input
+        raise ValueError(f"not a horizonrl.v1.Trajectory: {e}") from e
+    return from_proto(m)
+
+
+def _load_info(trajectory_id: str, info_json: str) -> dict[str, Any]:
+    if not info_json:
+        return {}
+    info = json.loads(info_json)  # JSONDecodeError is a ValueError
+    if not isinstance(info, dict):
+        # ValueError like every other malformed message: callers catch one type
+        raise ValueError(f"trajectory {trajectory_id}: info_json is not a JSON object")  # noqa: TRY004
+    return info

@@ -1,0 +1,64 @@
+"""The Trajectory record shared by generators and learner (typed, frozen).
+
+Field names follow verl's agent-loop output (`prompt_ids`, `response_ids`, `response_mask`,
+`response_logprobs`, `num_turns`) plus `policy_version` and `horizon`. Protobuf appears only in
+the transport codec (`protos/codec.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Failure(str, Enum):
+    """Why an episode did not finish normally; infra failures are masked out of group stats."""
+
+    NONE = "none"
+    ENV_ERROR = "env_error"
+    TIMEOUT = "timeout"
+    GENERATOR_ERROR = "generator_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """One finished episode in token space.
+
+    `response_ids` holds everything after the first prompt: model tokens (mask 1) interleaved
+    with environment/template tokens (mask 0). `response_logprobs` has one entry per response
+    token: the behaviour policy's logprob on model tokens, 0.0 on masked tokens.
+    """
+
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    env_name: str
+    policy_version: int
+    horizon: int
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    response_mask: tuple[int, ...]
+    response_logprobs: tuple[float, ...]
+    rewards: tuple[float, ...]
+    reward: float
+    num_turns: int
+    terminated: bool
+    truncated: bool
+    failure: Failure = Failure.NONE
+    turn_seconds: tuple[float, ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if len(self.response_mask) != n or len(self.response_logprobs) != n:
+            raise ValueError(
+                f"trajectory {self.trajectory_id}: response_ids ({n}), response_mask "
+                f"({len(self.response_mask)}) and response_logprobs "
+                f"({len(self.response_logprobs)}) must have the same length"
+            )
+        if self.num_turns > self.horizon:
+            raise ValueError(
+                f"trajectory {self.trajectory_id}: {self.num_turns} turns exceed horizon "
+                f"{self.horizon}"
+            )

@@ -1,0 +1,28 @@
+"""Shared fixtures: a tiny model built once per session, and local-Ray environment settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cluster.runtime import LOCAL_RAY_ENV
+
+os.environ.update(LOCAL_RAY_ENV)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small but real tiny model (tokenizer trained here, a few pre-training steps)."""
+    from cluster.tiny_model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    return build_tiny_model(out, transcripts=300, pretrain_steps=4, batch_size=8, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
