@@ -24,6 +24,20 @@ CHATML_TEMPLATE = (
 )
 
 
+def load_tokenizer(path: str | Any) -> Any:
+    """The tokenizer exactly as its tokenizer.json defines it.
+
+    transformers 5's AutoTokenizer rebuilds the pre-tokenizer of known model types (Qwen2
+    among them) from the model type and ignores the one saved in tokenizer.json. For real Qwen
+    checkpoints the two agree; for the tiny model, whose tokenizer splits only at punctuation,
+    they would not, and the ids would differ from pre-training. Loading tokenizer.json as-is
+    is right for both.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
 @dataclass(frozen=True, slots=True)
 class ChatFormat:
     """Encodes the template pieces of a multi-turn ChatML conversation to token ids."""

@@ -51,7 +51,7 @@ class CurriculumConfig(BaseModel):
     steps_per_stage: int = Field(100, ge=1, description="Training steps per stage (D).")
 
     @model_validator(mode="after")
-    def _monotone(self) -> "CurriculumConfig":
+    def _monotone(self) -> CurriculumConfig:
         if not self.horizons or min(self.horizons) < 1:
             raise ValueError(f"curriculum.horizons must be positive turn counts, got "
                              f"{self.horizons}")

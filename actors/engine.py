@@ -7,8 +7,8 @@ installed package differs. Prompts are passed as token ids so nothing is re-toke
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from actors.rollout import Completion
 

@@ -11,12 +11,13 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from actors.chat import ChatFormat
+from actors.chat import ChatFormat, load_tokenizer
 from actors.config import GeneratorConfig
 from actors.rollout import AgentLoop, Engine
 from envpool.pool import EnvError, EnvPool
@@ -37,15 +38,14 @@ class GeneratorActor:
 
     def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str, env_pool: EnvPool,
                  ingest_address: str, seed: int, engine: Engine | None = None) -> None:
-        from transformers import AutoTokenizer
-
+        
         from actors.transport import TrajectorySender
 
         self.name = name
         self.cfg = cfg
         self.pool = env_pool
         self.spec = env_spec(env_pool.cfg.name)
-        self.chat = ChatFormat(AutoTokenizer.from_pretrained(model_path))
+        self.chat = ChatFormat(load_tokenizer(model_path))
         if engine is None:
             from actors.engine import VLLMEngine
 

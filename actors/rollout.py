@@ -9,8 +9,9 @@ can be run with `run_episode` for tests and scripts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from actors.chat import ChatFormat
 from envpool.base import StepResult, TextEnv

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
+from actors.chat import load_tokenizer
 from actors.curriculum import CurriculumActor
 from actors.generator import GeneratorActor, Task
 from cluster.config import RunConfig, dump_config
@@ -61,11 +63,10 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, *, run_dir: Path) -> None:
         import ray
-        from transformers import AutoTokenizer
-
+        
         self.cfg, self.run_dir = cfg, run_dir
         self.model_path = str(ensure_model(cfg.model, env=cfg.env))
-        pad_id = AutoTokenizer.from_pretrained(self.model_path).pad_token_id
+        pad_id = load_tokenizer(self.model_path).pad_token_id
         ing = cfg.learner.ingest
         self.ingest = TrajectoryIngest(host=ing.host, port=ing.port, capacity=ing.capacity,
                                        max_message_bytes=ing.max_message_bytes).start()
@@ -89,7 +90,7 @@ class Trainer:
         self.policy_version = 0
         self.last_trajectories: list[Trajectory] = []
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -177,6 +178,7 @@ def train(cfg: RunConfig) -> Path:
     run_dir = make_run_dir(cfg)
     print(f"[horizonrl] run dir {run_dir}", flush=True)
     t0 = time.perf_counter()
+    ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray starts
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
         print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training "
               f"{cfg.iterations} iterations", flush=True)

@@ -28,9 +28,14 @@ from minigrid.utils.baby_ai_bot import BabyAIBot
 from envpool.base import StepResult
 
 SYSTEM_PROMPT = (
-    "You are an agent in a grid world. Each turn, answer with exactly one action copied from "
-    "the Actions list, and nothing else."
+    "You are an agent in a grid world. Each turn, answer with one line: Action: followed by "
+    "exactly one action copied from the Actions list."
 )
+
+
+def format_action(action: str) -> str:
+    """How a well-formed reply carries `action` (AgentGym's "Action: <action>" style)."""
+    return f"Action: {action}"
 
 _VIEW = 7  # minigrid's default agent_view_size; the agent sits at view cell (3, 6)
 _HALF = _VIEW // 2

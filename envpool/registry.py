@@ -6,8 +6,9 @@ pool, the agent loop and the tiny-model builder agree on them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from envpool.base import TextEnv
 
@@ -20,12 +21,14 @@ class EnvSpec:
     factory: Callable[..., TextEnv]
     system_prompt: str
     parse_action: Callable[[str], str]
+    format_action: Callable[[str], str]
 
 
 def _babyai() -> EnvSpec:
     from envpool import babyai
 
-    return EnvSpec("babyai", babyai.BabyAITextEnv, babyai.SYSTEM_PROMPT, babyai.parse_action)
+    return EnvSpec("babyai", babyai.BabyAITextEnv, babyai.SYSTEM_PROMPT, babyai.parse_action,
+                   babyai.format_action)
 
 
 _SPECS: dict[str, Callable[[], EnvSpec]] = {"babyai": _babyai}

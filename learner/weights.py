@@ -8,7 +8,8 @@ broadcast group is the GPU strategy to add behind the same `WeightSync` protocol
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 
 class WeightSync(Protocol):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,9 +26,6 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch: int) -> dict[str, Any]:
         # torch's AdamW: DeepSpeed's CPUAdam/FusedAdam JIT-compile for ~4 min each.
         "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
                                                   "torch_adam": True}},
-        "scheduler": {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": cfg.lr,
-            "warmup_num_steps": max(1, cfg.warmup_steps), "warmup_type": "linear"}},
         "zero_optimization": {"stage": cfg.zero_stage},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -58,8 +56,15 @@ class LearnerWorker:
             self.ref.eval().requires_grad_(False)
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=deepspeed_config(cfg, micro_batch=1))
+            config=deepspeed_config(cfg, micro_batch=1), lr_scheduler=self._schedule)
         self.updates = 0
+
+    def _schedule(self, optimizer: torch.optim.Optimizer) -> Any:
+        # Update k (0-based) uses lr * (k+1)/warmup: DeepSpeed's WarmupLR gives the first
+        # update lr 0, which wastes it (and with no warm-up at all, every other one too).
+        warmup = self.cfg.warmup_steps
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
 
     def ready(self) -> bool:
         return True

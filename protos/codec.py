@@ -107,5 +107,5 @@ def _load_info(trajectory_id: str, info_json: str) -> dict[str, Any]:
     info = json.loads(info_json)  # JSONDecodeError is a ValueError
     if not isinstance(info, dict):
         # ValueError like every other malformed message: callers catch one type
-        raise ValueError(f"trajectory {trajectory_id}: info_json is not a JSON object")  # noqa: TRY004
+        raise ValueError(f"trajectory {trajectory_id}: info_json is not a JSON object")
     return info

@@ -8,11 +8,11 @@ the transport codec (`protos/codec.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class Failure(str, Enum):
+class Failure(StrEnum):
     """Why an episode did not finish normally; infra failures are masked out of group stats."""
 
     NONE = "none"

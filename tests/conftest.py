@@ -23,6 +23,7 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_path: Path):
-    from transformers import AutoTokenizer
+    from actors.chat import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(tiny_model_path)
+    
+    return load_tokenizer(tiny_model_path)

@@ -8,6 +8,7 @@ longer than the horizon broadcast to the generator.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,12 +18,13 @@ pytestmark = pytest.mark.integration
 
 # fp32 on both sides; vLLM's and HF's kernels differ in summation order only.
 LOGPROB_TOL = 1e-4
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return load_config("configs/babyai-local.yaml", [
+    return load_config(ROOT / "configs/babyai-local.yaml", [
         "name=it", "iterations=2", f"run_root={root}", "checkpoint_every=0",
         "env.replicas_per_actor=16", "generator.tasks_per_step=4", "generator.group_size=4",
         "curriculum.horizons=[2, 3]", "curriculum.steps_per_stage=1",
@@ -70,6 +72,7 @@ def test_two_iterations_end_to_end(cfg):
                                        t.response_mask) if m)
         assert moved > 1e-3, "generator logprobs did not change after two updates"
         diff = max(abs(a - b) for s_a, s_b in zip(after, learner) for a, b in zip(s_a, s_b))
+        print(f"\nlogprobs moved by up to {moved:.4f}; max |vLLM - learner| = {diff:.2e}")
         assert diff < LOGPROB_TOL, f"generator vs learner logprobs differ by {diff}"
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -74,7 +74,7 @@ def test_episode_ends_on_success_before_horizon(tokenizer):
     chat = ChatFormat(tokenizer)
     env = BabyAITextEnv(level="BabyAI-GoToRedBall-v0")
     for seed in range(200):  # find a start where the red ball is in view (bounded scan)
-        obs, info = env.reset(seed=seed)
+        _, info = env.reset(seed=seed)
         goal = [a for a in info["available_actions"] if a.startswith("go to red ball")]
         if goal:
             break

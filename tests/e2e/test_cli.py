@@ -1,0 +1,46 @@
+"""The CLI as a user runs it: `horizonrl train` in a subprocess on a tiny config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "cluster.cli"]
+
+
+def test_bad_override_names_the_field():
+    out = subprocess.run([*CLI, "train", "--config", "configs/babyai-local.yaml",
+                          "learner.zero_stage=7"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert "learner.zero_stage" in out.stderr
+
+
+def test_train_cli_writes_run_dir(tmp_path):
+    out = subprocess.run(
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=e2e", "iterations=2",
+         f"run_root={tmp_path}", "checkpoint_every=1", "generator.tasks_per_step=2",
+         "generator.group_size=4", "env.replicas_per_actor=8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "step   2/2" in out.stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert (run_dir / "config.yaml").read_text().startswith("name: e2e")
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all("success_rate" in x for x in lines)
+    assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard events written"
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == ["step_000001", "step_000002"]
+    state = json.loads((run_dir / "checkpoints/step_000002/trainer_state.json").read_text())
+    assert state["policy_version"] == 2 and state["step"] == 2
+    assert (run_dir / "checkpoints/step_000002/config.json").exists()

@@ -1,0 +1,31 @@
+"""Trajectories -> padded learner arrays: the loss mask covers model tokens only."""
+
+import numpy as np
+
+from learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
+from protos.trajectory import Failure, Trajectory
+
+
+def _traj(tid, group, prompt, resp, mask, failure=Failure.NONE):
+    return Trajectory(
+        trajectory_id=tid, group_id=group, task_id="t", env_name="babyai", policy_version=0,
+        horizon=3, prompt_ids=tuple(prompt), response_ids=tuple(resp),
+        response_mask=tuple(mask), response_logprobs=tuple(-0.5 * m for m in mask),
+        rewards=(1.0,), reward=1.0, num_turns=1, terminated=True, truncated=False,
+        failure=failure)
+
+
+def test_pad_batch_masks_and_alignment():
+    a = _traj("a", "g0", [5, 6], [7, 8, 9], [1, 0, 1])
+    b = _traj("b", "g1", [5], [7], [1], failure=Failure.ENV_ERROR)
+    batch = pad_batch([a, b], [2.0, -1.0], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 7, 0, 0, 0]]
+    assert batch["loss_mask"].tolist() == [[0, 0, 1, 0, 1], [0, 1, 0, 0, 0]]
+    assert batch["old_logprobs"][0].tolist() == [0, 0, -0.5, 0, -0.5]
+    assert batch["advantages"][0].tolist() == [0, 0, 2, 2, 2]
+    assert group_index([a, b, a]).tolist() == [0, 1, 0]
+    assert valid_mask([a, b]).tolist() == [True, False]
+    parts = split_rows(batch, 2)
+    assert [len(p["input_ids"]) for p in parts] == [1, 1]
+    assert trim(parts[1])["input_ids"].shape == (1, 2)
+    assert np.array_equal(trim(parts[0])["input_ids"], batch["input_ids"][:1])
