@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,24 +41,59 @@ class CurriculumConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schedule: Literal["fixed", "stepwise"] = Field(
+    schedule: Literal["fixed", "stepwise", "adaptive"] = Field(
         "stepwise", description="fixed: always horizons[0]; stepwise: horizons[k] for steps "
-        "[k*steps_per_stage, (k+1)*steps_per_stage), the last one thereafter.",
+        "[k*steps_per_stage, (k+1)*steps_per_stage), or from `boundaries`, the last one "
+        "thereafter; adaptive: start at horizons[0], raise by horizon_step (up to horizons[-1]) "
+        "when episodes keep hitting the horizon while success has stopped improving.",
     )
     horizons: list[int] = Field(
         default_factory=lambda: [6, 13, 20],
-        description="Horizon of each stage (AgentGym-RL's BabyAI: 6, 13, 20).",
+        description="Horizon of each stage (AgentGym-RL's BabyAI: 6, 13, 20); for adaptive, "
+        "the first and last entries are the bounds.",
     )
     steps_per_stage: int = Field(100, ge=1, description="Training steps per stage (D).")
+    boundaries: list[int] | None = Field(
+        None, description="Stepwise: the steps at which stage 2, 3, ... begin (one fewer "
+        "than horizons, rising); overrides steps_per_stage.",
+    )
+    window: int = Field(
+        10, ge=2, description="Adaptive: iterations of statistics behind each decision, "
+        "counted since the last change.",
+    )
+    truncation_threshold: float = Field(
+        0.3, ge=0, le=1, description="Adaptive: raise only if at least this share of episodes "
+        "ran out of turns (truncated at the horizon) over the window.",
+    )
+    min_improvement: float = Field(
+        0.02, description="Adaptive: raise only if success in the window's second half beat "
+        "its first half by less than this (learning at this horizon has stalled).",
+    )
+    horizon_step: int = Field(2, ge=1, description="Adaptive: turns added per raise.")
+    allow_lower: bool = Field(
+        False, description="Adaptive: lower the horizon by horizon_step when almost no "
+        "episode uses it (truncation below lower_threshold); off, as in ScalingInter-RL.",
+    )
+    lower_threshold: float = Field(
+        0.02, ge=0, le=1, description="Adaptive with allow_lower: truncation share below "
+        "which the horizon is lowered.",
+    )
 
     @model_validator(mode="after")
     def _monotone(self) -> CurriculumConfig:
         if not self.horizons or min(self.horizons) < 1:
             raise ValueError(f"curriculum.horizons must be positive turn counts, got "
                              f"{self.horizons}")
-        if self.schedule == "stepwise" and any(
+        if self.schedule in ("stepwise", "adaptive") and any(
             b <= a for a, b in zip(self.horizons, self.horizons[1:])
         ):
-            raise ValueError(f"curriculum.horizons must rise strictly for a stepwise schedule "
-                             f"(h1 < h2 < h3), got {self.horizons}")
+            raise ValueError(f"curriculum.horizons must rise strictly for a {self.schedule} "
+                             f"schedule (h1 < h2 < h3), got {self.horizons}")
+        if self.boundaries is not None:
+            b = self.boundaries
+            if len(b) != len(self.horizons) - 1 or any(y <= x for x, y in pairwise(b)) or (
+                b and b[0] < 1
+            ):
+                raise ValueError(f"curriculum.boundaries must be {len(self.horizons) - 1} rising "
+                                 f"steps >= 1 (one per stage after the first), got {b}")
         return self

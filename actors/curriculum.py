@@ -2,22 +2,69 @@
 
 `horizon_at` is a pure function of the number of finished training steps, so a resumed run
 computes the same stage as an uninterrupted one (AgentGym-RL's resume skipped most of stage 2).
+The adaptive schedule (the paper's future work) raises the horizon from reward statistics.
 """
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import asdict, dataclass
+from statistics import fmean
 from typing import Any
 
 from actors.config import CurriculumConfig
 
 
 def horizon_at(cfg: CurriculumConfig, step: int) -> int:
-    """Horizon in force for training step `step` (0-based count of finished steps)."""
+    """Horizon in force for training step `step` (0-based count of finished steps).
+
+    For the adaptive schedule this is its starting horizon; later ones come from decisions.
+    """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    if cfg.schedule == "fixed":
+    if cfg.schedule in ("fixed", "adaptive"):
         return cfg.horizons[0]
+    if cfg.boundaries is not None:
+        return cfg.horizons[bisect.bisect_right(cfg.boundaries, step)]
     return cfg.horizons[min(step // cfg.steps_per_stage, len(cfg.horizons) - 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One adaptive decision: the horizon before and after, and why."""
+
+    step: int
+    before: int
+    after: int
+    reason: str
+
+
+def adaptive_decision(cfg: CurriculumConfig, *, step: int, horizon: int,
+                      window: list[tuple[float, float]]) -> Decision:
+    """Decide from (success_rate, truncated_at_horizon_rate) per iteration since the last change.
+
+    Raise when episodes keep running out of turns and success has stopped improving: more
+    turns are the only way left to solve what is failing. Never beyond horizons[-1].
+    """
+    lo, hi = cfg.horizons[0], cfg.horizons[-1]
+    if len(window) < cfg.window:
+        return Decision(step, horizon, horizon, f"hold: {len(window)}/{cfg.window} iterations "
+                        "of statistics since the last change")
+    recent = window[-cfg.window:]
+    half = cfg.window // 2
+    trunc = fmean(t for _, t in recent)
+    gain = fmean(s for s, _ in recent[half:]) - fmean(s for s, _ in recent[:half])
+    figures = f"truncation {trunc:.2f}, success gain {gain:+.3f}"
+    if trunc >= cfg.truncation_threshold and gain < cfg.min_improvement:
+        if horizon >= hi:
+            return Decision(step, horizon, horizon, f"hold: at the maximum {hi} ({figures})")
+        new = min(horizon + cfg.horizon_step, hi)
+        return Decision(step, horizon, new, f"raise: {figures} (thresholds "
+                        f"{cfg.truncation_threshold}, {cfg.min_improvement:+})")
+    if cfg.allow_lower and trunc < cfg.lower_threshold and horizon > lo:
+        new = max(horizon - cfg.horizon_step, lo)
+        return Decision(step, horizon, new, f"lower: {figures} (below {cfg.lower_threshold})")
+    return Decision(step, horizon, horizon, f"hold: {figures}")
 
 
 def _call(handle: Any, method: str, *args: Any) -> Any:
@@ -38,6 +85,8 @@ class CurriculumActor:
         self.step = step
         self.horizon = horizon_at(cfg, step)
         self.version = 0
+        self.window: list[tuple[float, float]] = []
+        self.decisions: list[Decision] = []
         self.generators: dict[str, Any] = {}
         self.broadcast_timeout_s = broadcast_timeout_s
 
@@ -57,15 +106,28 @@ class CurriculumActor:
     def current(self) -> tuple[int, int]:
         return self.horizon, self.version
 
-    def tick(self, step: int) -> tuple[int, int]:
-        """Record that `step` steps are done; broadcast if the horizon changes."""
+    def tick(self, step: int, stats: dict[str, float] | None = None) -> tuple[int, int]:
+        """Record that `step` steps are done (with that step's rollout statistics for the
+        adaptive schedule); broadcast if the horizon changes."""
         self.step = step
-        new = horizon_at(self.cfg, step)
+        if self.cfg.schedule == "adaptive":
+            if stats is not None:
+                self.window.append((float(stats["success_rate"]),
+                                    float(stats["truncated_at_horizon_rate"])))
+            decision = adaptive_decision(self.cfg, step=step, horizon=self.horizon,
+                                         window=self.window)
+            self.decisions.append(decision)
+            new = decision.after
+        else:
+            new = horizon_at(self.cfg, step)
         if new != self.horizon:
-            self.horizon, self.version = new, self.version + 1
+            self.horizon, self.version, self.window = new, self.version + 1, []
             self._wait([_call(h, "set_horizon", new, self.version)
                         for h in self.generators.values()])
         return self.horizon, self.version
+
+    def last_decision(self) -> dict[str, Any] | None:
+        return asdict(self.decisions[-1]) if self.decisions else None
 
     def _wait(self, results: list[Any]) -> None:
         refs = [r for r in results if type(r).__name__ == "ObjectRef"]
@@ -75,8 +137,12 @@ class CurriculumActor:
             ray.get(refs, timeout=self.broadcast_timeout_s)
 
     def get_state(self) -> dict[str, Any]:
-        return {"step": self.step, "horizon": self.horizon, "version": self.version}
+        return {"step": self.step, "horizon": self.horizon, "version": self.version,
+                "window": [list(w) for w in self.window]}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Restore exactly; stepwise horizons are recomputed from the step (they must agree)."""
         self.step, self.version = int(state["step"]), int(state["version"])
-        self.horizon = horizon_at(self.cfg, self.step)
+        self.window = [(float(s), float(t)) for s, t in state.get("window", [])]
+        self.horizon = (int(state["horizon"]) if self.cfg.schedule == "adaptive"
+                        else horizon_at(self.cfg, self.step))

@@ -22,6 +22,8 @@ class VLLMEngine:
         # In-process engine core: 5-12 s start instead of 33-43 s, and in-memory reloads work.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
+        # vLLM's per-start CPU-backend warnings drown the training progress lines.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         from vllm import LLM
 
         self.stop_token_ids = list(stop_token_ids)
@@ -29,6 +31,7 @@ class VLLMEngine:
             model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
             enforce_eager=True,  # compiling on CPU took 79 s and was not faster
             max_num_seqs=max_num_seqs, enable_prefix_caching=True,
+            use_tqdm_on_load=False,  # a progress bar on every weight reload is noise
             # Room for a whole lock-step turn's prefill in one engine step.
             max_num_batched_tokens=max(8192, max_model_len),
         )

@@ -37,7 +37,8 @@ class GeneratorActor:
     """Rollout worker: engine + env pool + gRPC sender. Thin; the logic is in AgentLoop."""
 
     def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str, env_pool: EnvPool,
-                 ingest_address: str, seed: int, engine: Engine | None = None) -> None:
+                 ingest_address: str, seed: int, policy_version: int = 0,
+                 engine: Engine | None = None) -> None:
         
         from actors.transport import TrajectorySender
 
@@ -55,7 +56,7 @@ class GeneratorActor:
         self.engine = engine
         self.sender = TrajectorySender(ingest_address, deadline_s=cfg.send_deadline_s)
         self.seed = seed
-        self.policy_version = 0
+        self.policy_version = policy_version  # of the weights at model_path
         self.horizon: int | None = None
         self.horizon_version = -1
         self._weights_dir = tempfile.mkdtemp(prefix=f"horizonrl-{name}-weights-")

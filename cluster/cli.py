@@ -14,6 +14,8 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run multi-turn RL training")
     t.add_argument("--config", help="YAML run config (default: built-in defaults)")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-4")
+    t.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint "
+                   "of this run name and seed (auto), or from a checkpoint or run folder")
     m = sub.add_parser("make-tiny-model", help="build the offline tiny Qwen2 model + tokenizer")
     m.add_argument("out", help="output folder (save_pretrained format)")
     m.add_argument("--config", help="take env and model.tiny settings from this run config")
@@ -29,9 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"horizonrl: {exc}", file=sys.stderr)
         return 2
     if args.command == "train":
-        from cluster.driver import train
+        from cluster.run import train
 
-        train(cfg)
+        try:
+            train(cfg, resume=args.resume)
+        except FileNotFoundError as exc:
+            print(f"horizonrl: {exc}", file=sys.stderr)
+            return 2
         return 0
     from cluster.tiny_model import build_tiny_model
 

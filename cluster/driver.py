@@ -7,7 +7,6 @@ update -> weights pushed to the generators (policy_version + 1) -> the curriculu
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -19,8 +18,9 @@ import numpy as np
 from actors.chat import load_tokenizer
 from actors.curriculum import CurriculumActor
 from actors.generator import GeneratorActor, Task
+from cluster.checkpoints import ResumeState, write_state
 from cluster.config import RunConfig, dump_config
-from cluster.metrics import MetricsLogger, progress_line
+from cluster.metrics import MetricsLogger
 from cluster.models import ensure_model
 from envpool.pool import EnvPool
 from learner.group import LearnerGroup
@@ -47,12 +47,16 @@ def sample_tasks(cfg: RunConfig, step: int) -> list[Task]:
 def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     ok = [t for t in trajs if t.failure is Failure.NONE]
     turns = sum(t.num_turns for t in ok)
+    n = max(len(ok), 1)
     return {
-        "reward_mean": float(np.mean([t.reward for t in ok])) if ok else 0.0,
-        "success_rate": float(np.mean([t.info.get("success", False) for t in ok])) if ok else 0.0,
-        "turns_mean": turns / len(ok) if ok else 0.0,
+        "reward_mean": sum(t.reward for t in ok) / n,
+        "success_rate": sum(bool(t.info.get("success", False)) for t in ok) / n,
+        "turns_mean": turns / n,
         "invalid_action_rate": sum(t.info.get("invalid_actions", 0) for t in ok) / max(turns, 1),
-        "truncated_rate": float(np.mean([t.truncated for t in ok])) if ok else 0.0,
+        "truncated_rate": sum(t.truncated for t in ok) / n,
+        # Episodes that ran out of turns: what the adaptive curriculum watches.
+        "truncated_at_horizon_rate": sum(t.truncated and t.num_turns >= t.horizon
+                                         for t in ok) / n,
         "failed_episodes": float(len(trajs) - len(ok)),
         "max_turns": float(max((t.num_turns for t in trajs), default=0)),
     }
@@ -61,81 +65,139 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
 class Trainer:
     """Owns the actors of one run. Use as a context manager inside a Ray session."""
 
-    def __init__(self, cfg: RunConfig, *, run_dir: Path) -> None:
+    def __init__(self, cfg: RunConfig, *, run_dir: Path, resume: ResumeState | None = None):
         import ray
-        
+
         self.cfg, self.run_dir = cfg, run_dir
-        self.model_path = str(ensure_model(cfg.model, env=cfg.env))
-        pad_id = load_tokenizer(self.model_path).pad_token_id
+        base = str(ensure_model(cfg.model, env=cfg.env))
+        # The KL reference is always the base model; a resumed policy starts from its checkpoint.
+        self.base_model_path = resume.base_model_path if resume else base
+        self.model_path = str(resume.checkpoint) if resume else base
+        self.step_count = resume.step if resume else 0
+        self.policy_version = resume.policy_version if resume else 0
+        self.generator_restarts = 0
         ing = cfg.learner.ingest
         self.ingest = TrajectoryIngest(host=ing.host, port=ing.port, capacity=ing.capacity,
                                        max_message_bytes=ing.max_message_bytes).start()
         self.curriculum = ray.remote(num_cpus=0)(CurriculumActor).remote(cfg.curriculum)
-        gen_remote = ray.remote(num_cpus=cfg.generator.num_cpus,
-                                num_gpus=cfg.generator.num_gpus)(GeneratorActor)
-        self.generators = [
-            gen_remote.remote(name=f"gen{i}", cfg=cfg.generator, model_path=self.model_path,
-                              env_pool=EnvPool(cfg.env, name=f"gen{i}-envpool"),
-                              ingest_address=self.ingest.address, seed=cfg.seed * 1000 + i)
-            for i in range(cfg.generator.num_generators)
-        ]
+        if resume:
+            ray.get(self.curriculum.set_state.remote(resume.curriculum))
+        self.generators = [self._spawn_generator(i)
+                           for i in range(cfg.generator.num_generators)]
         ray.get([g.ready.remote() for g in self.generators])
         ray.get([self.curriculum.register.remote(f"gen{i}", g)
                  for i, g in enumerate(self.generators)])
-        self.learner = LearnerGroup(cfg.learner, model_path=self.model_path, pad_id=pad_id,
-                                    seed=cfg.seed)
+        self.learner = LearnerGroup(cfg.learner, model_path=self.model_path,
+                                    ref_model_path=self.base_model_path,
+                                    pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
         self.weights = ObjectStoreWeightSync(self.learner, self.generators)
         self.metrics = MetricsLogger(run_dir)
-        self.step_count = 0
-        self.policy_version = 0
         self.last_trajectories: list[Trajectory] = []
 
     def __enter__(self) -> Trainer:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _spawn_generator(self, i: int) -> Any:
+        import ray
+
+        g = self.cfg.generator
+        remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
+        return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
+                             env_pool=EnvPool(self.cfg.env, name=f"gen{i}-envpool"),
+                             ingest_address=self.ingest.address, seed=self.cfg.seed * 1000 + i,
+                             policy_version=self.policy_version)
+
+    def restart_generator(self, i: int) -> None:
+        """Replace a dead generator: current weights, then the curriculum's current horizon."""
+        import ray
+
+        new = self._spawn_generator(i)
+        ray.get(new.ready.remote())
+        ray.get(new.update_weights.remote(self.learner.state_dict_ref(), self.policy_version))
+        ray.get(self.curriculum.register.remote(f"gen{i}", new))
+        self.generators[i] = new  # the weight sync holds this same list
+        self.generator_restarts += 1
+
+    def _rollout(self, tasks: list[Task], step: int) -> list[dict[str, Any]]:
+        """Each generator rolls out its share; a generator that dies is restarted and its
+        share re-run under new trajectory ids (what it had sent is discarded by id)."""
+        import ray
+
+        shares = [[tasks[i] for i in idx]
+                  for idx in np.array_split(np.arange(len(tasks)), len(self.generators))]
+        group = self.cfg.generator.group_size
+        refs = [g.rollout.remote(s, step=step, group_size=group)
+                for g, s in zip(self.generators, shares)]
+        outs = []
+        for i, (ref, share) in enumerate(zip(refs, shares)):
+            try:
+                outs.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                print(f"[horizonrl] generator gen{i} died in step {step}; restarting it and "
+                      f"re-running its {len(share)} tasks", flush=True)
+                self.restart_generator(i)
+                outs.append(ray.get(self.generators[i].rollout.remote(
+                    share, step=step, group_size=group)))
+        return outs
+
+    def _collect(self, ids: list[str]) -> tuple[list[Trajectory], int]:
+        """Exactly the trajectories with `ids` from the ingest; others (from a generator that
+        died mid-step) are counted and dropped."""
+        want, got, orphans = set(ids), {}, 0
+        deadline = time.monotonic() + self.cfg.learner.ingest.collect_timeout_s
+        while len(got) < len(want) and time.monotonic() < deadline:
+            for t in self.ingest.take(len(want) - len(got),
+                                      timeout=max(0.1, deadline - time.monotonic())):
+                if t.trajectory_id in want:
+                    got[t.trajectory_id] = t
+                else:
+                    orphans += 1
+        if len(got) != len(want):
+            raise RuntimeError(f"generators sent {len(want)} trajectories, the ingest delivered "
+                               f"{len(got)} of them within "
+                               f"{self.cfg.learner.ingest.collect_timeout_s}s")
+        return [got[i] for i in ids], orphans
 
     def step(self) -> dict[str, Any]:
         """One full iteration; returns (and logs) its metrics."""
         import ray
 
-        cfg, step = self.cfg, self.step_count
-        t_start = time.perf_counter()
+        step, t_start = self.step_count, time.perf_counter()
         horizon, _ = ray.get(self.curriculum.current.remote())
-        tasks = sample_tasks(cfg, step)
-        shares = np.array_split(np.arange(len(tasks)), len(self.generators))
-        outs = ray.get([g.rollout.remote([tasks[i] for i in idx], step=step,
-                                         group_size=cfg.generator.group_size)
-                        for g, idx in zip(self.generators, shares)])
+        outs = self._rollout(sample_tasks(self.cfg, step), step)
         t_rollout = time.perf_counter() - t_start
         ids = [tid for o in outs for tid in o["trajectory_ids"]]
-        trajs = self.ingest.take(len(ids), timeout=cfg.learner.ingest.collect_timeout_s)
-        got = [t.trajectory_id for t in trajs]
-        if sorted(got) != sorted(ids):
-            raise RuntimeError(f"step {step}: generators sent {len(ids)} trajectories, ingest "
-                               f"delivered {len(got)} ({len(set(ids) - set(got))} missing)")
+        trajs, orphans = self._collect(ids)
         t0 = time.perf_counter()
         learn = self.learner.train(trajs)
         t_learn = time.perf_counter() - t0
         self.policy_version += 1
         sync = self.weights.push(self.policy_version)
         self.step_count += 1
-        new_horizon, _ = ray.get(self.curriculum.tick.remote(self.step_count))
-        secs = {k: float(sum(o["seconds"][k] for o in outs)) for k in ("generate", "env",
-                                                                          "transport")}
+        roll = rollout_metrics(trajs)
+        new_horizon, _ = ray.get(self.curriculum.tick.remote(self.step_count, roll))
+        decision = ray.get(self.curriculum.last_decision.remote())
+        secs = {k: float(sum(o["seconds"][k] for o in outs))
+                for k in ("generate", "env", "transport")}
         secs.update(rollout=t_rollout, learn=t_learn, weight_sync=sync["weight_sync_seconds"],
                     iteration=time.perf_counter() - t_start)
         tokens = sum(o["generated_tokens"] for o in outs)
         env_steps = sum(o["env_steps"] for o in outs)
         m = {"step": step, "horizon": horizon, "next_horizon": new_horizon,
-             "policy_version": self.policy_version, **rollout_metrics(trajs),
+             "policy_version": self.policy_version, **roll,
              "trajectories_generated": len(ids), "trajectories_ingested": len(trajs),
+             "trajectories_orphaned": orphans,
              "ingest_duplicates": self.ingest.stats()["duplicates"],
+             "generator_restarts": self.generator_restarts,
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),
              "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
              "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"]}
+        if decision is not None:
+            m["curriculum_decision"] = decision["reason"]
         self.metrics.log(step, _flatten(m))
         self.last_trajectories = trajs
         return m
@@ -146,12 +208,13 @@ class Trainer:
 
         path = self.run_dir / "checkpoints" / f"step_{self.step_count:06d}"
         tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
         self.learner.save_hf(tmp)
-        for f in Path(self.model_path).glob("tokenizer*"):
+        for f in Path(self.base_model_path).glob("tokenizer*"):
             shutil.copy(f, tmp / f.name)
-        state = {"step": self.step_count, "policy_version": self.policy_version,
-                 "curriculum": ray.get(self.curriculum.get_state.remote())}
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        write_state(tmp, {"step": self.step_count, "policy_version": self.policy_version,
+                          "curriculum": ray.get(self.curriculum.get_state.remote()),
+                          "base_model_path": self.base_model_path})
         tmp.rename(path)  # a checkpoint folder without .tmp is complete
         return path
 
@@ -169,26 +232,3 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def train(cfg: RunConfig) -> Path:
-    """The whole run: `horizonrl train`. Returns the run directory."""
-    from cluster.runtime import ray_session
-
-    run_dir = make_run_dir(cfg)
-    print(f"[horizonrl] run dir {run_dir}", flush=True)
-    t0 = time.perf_counter()
-    ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray starts
-    with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
-        print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training "
-              f"{cfg.iterations} iterations", flush=True)
-        for _ in range(cfg.iterations):
-            m = trainer.step()
-            print(progress_line(m, cfg.iterations), flush=True)
-            every = cfg.checkpoint_every
-            if every and trainer.step_count % every == 0 and trainer.step_count < cfg.iterations:
-                trainer.save_checkpoint()
-        ckpt = trainer.save_checkpoint()
-        print(f"[horizonrl] done in {time.perf_counter() - t0:.0f}s; final checkpoint {ckpt}",
-              flush=True)
-    return run_dir

@@ -41,7 +41,8 @@ def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
 class LearnerGroup:
     """`world_size` LearnerWorker actors on one placement group."""
 
-    def __init__(self, cfg: LearnerConfig, *, model_path: str, pad_id: int, seed: int) -> None:
+    def __init__(self, cfg: LearnerConfig, *, model_path: str, pad_id: int, seed: int,
+                 ref_model_path: str | None = None) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -54,7 +55,8 @@ class LearnerGroup:
             remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=rank),
                 name=None).remote(rank=rank, world_size=cfg.world_size, master_port=port,
-                                  cfg=cfg, model_path=model_path, seed=seed)
+                                  cfg=cfg, model_path=model_path, seed=seed,
+                                  ref_model_path=ref_model_path)
             for rank in range(cfg.world_size)
         ]
         ray.get([w.ready.remote() for w in self.workers])

@@ -8,7 +8,6 @@ broadcast group is the GPU strategy to add behind the same `WeightSync` protocol
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 
@@ -21,9 +20,9 @@ class WeightSync(Protocol):
 class ObjectStoreWeightSync:
     """Full state dict through the Ray object store; generators reload from it."""
 
-    def __init__(self, learner: Any, generators: Sequence[Any], *, timeout_s: float = 300.0):
+    def __init__(self, learner: Any, generators: list[Any], *, timeout_s: float = 300.0):
         self.learner = learner
-        self.generators = list(generators)
+        self.generators = generators  # the driver's own list: a restarted generator is in it
         self.timeout_s = timeout_s
 
     def push(self, version: int) -> dict[str, float]:

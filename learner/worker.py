@@ -36,13 +36,18 @@ class LearnerWorker:
     """One rank: forward/backward with DeepSpeed, GRPO loss, weights for the generators."""
 
     def __init__(self, *, rank: int, world_size: int, master_port: int, cfg: LearnerConfig,
-                 model_path: str, seed: int) -> None:
+                 model_path: str, seed: int, ref_model_path: str | None = None) -> None:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it rather than be warned
         import deepspeed
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
         if not cfg.shm_allreduce:
             # Skips the 1-2 min gcc build of the shm allreduce; DeepSpeed then uses gloo alone.
@@ -52,7 +57,8 @@ class LearnerWorker:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.ref = None
         if cfg.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            self.ref = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path,
+                                                            dtype=torch.float32)
             self.ref.eval().requires_grad_(False)
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],

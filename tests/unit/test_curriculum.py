@@ -56,3 +56,66 @@ def test_broadcast_on_change_only():
     late = _Gen()  # a generator that (re)registers later gets the current horizon at once
     actor.register("a", late)
     assert late.calls == [(4, 1)]
+
+
+@pytest.mark.parametrize("resume_at", [99, 100, 101])
+def test_resume_before_at_after_boundary_continues_like_uninterrupted(resume_at):
+    straight = CurriculumActor(CFG)
+    for s in range(1, resume_at + 1):
+        straight.tick(s)
+    resumed = CurriculumActor(CFG)
+    resumed.set_state(straight.get_state())
+    for s in range(resume_at + 1, resume_at + 150):
+        assert resumed.tick(s) == straight.tick(s), f"diverged at step {s}"
+
+
+def test_explicit_boundaries_every_step():
+    cfg = CurriculumConfig(horizons=[5, 8, 10], boundaries=[3, 7])
+    assert [horizon_at(cfg, s) for s in range(9)] == [5, 5, 5, 8, 8, 8, 8, 10, 10]
+    with pytest.raises(ValidationError, match="boundaries"):
+        CurriculumConfig(horizons=[5, 8, 10], boundaries=[7, 3])
+
+
+ADAPT = CurriculumConfig(schedule="adaptive", horizons=[4, 8], window=4,
+                         truncation_threshold=0.5, min_improvement=0.02, horizon_step=2)
+
+
+def _decide(window, horizon=4, cfg=ADAPT):
+    from actors.curriculum import adaptive_decision
+
+    return adaptive_decision(cfg, step=10, horizon=horizon, window=window)
+
+
+def test_adaptive_raises_when_truncated_and_stalled():
+    d = _decide([(0.3, 0.7), (0.31, 0.6), (0.3, 0.65), (0.3, 0.7)])
+    assert (d.before, d.after) == (4, 6) and d.reason.startswith("raise")
+
+
+def test_adaptive_holds_while_improving_or_rarely_truncated_or_short_window():
+    assert _decide([(0.1, 0.7), (0.2, 0.7), (0.4, 0.7), (0.5, 0.7)]).after == 4  # improving
+    assert _decide([(0.3, 0.1), (0.3, 0.1), (0.3, 0.1), (0.3, 0.1)]).after == 4  # not truncated
+    assert _decide([(0.3, 0.9)] * 3).reason.startswith("hold: 3/4")
+
+
+def test_adaptive_respects_bounds_and_lowers_only_if_allowed():
+    stalled = [(0.3, 0.9)] * 4
+    d = _decide(stalled, horizon=8)
+    assert d.after == 8 and "maximum" in d.reason
+    idle = [(0.9, 0.0)] * 4
+    assert _decide(idle, horizon=8).after == 8
+    lowering = ADAPT.model_copy(update={"allow_lower": True})
+    assert _decide(idle, horizon=8, cfg=lowering).after == 6
+    assert _decide(idle, horizon=4, cfg=lowering).after == 4  # never below horizons[0]
+
+
+def test_adaptive_actor_broadcasts_and_restores_window():
+    actor, gen = CurriculumActor(ADAPT), _Gen()
+    actor.register("g", gen)
+    for s in range(1, 5):
+        actor.tick(s, {"success_rate": 0.3, "truncated_at_horizon_rate": 0.8})
+    assert gen.calls == [(4, 0), (6, 1)]
+    assert actor.window == []  # statistics restart after a change
+    actor.tick(5, {"success_rate": 0.5, "truncated_at_horizon_rate": 0.2})
+    restored = CurriculumActor(ADAPT)
+    restored.set_state(actor.get_state())
+    assert restored.get_state() == actor.get_state() and restored.current() == (6, 1)

@@ -1,0 +1,51 @@
+"""`horizonrl train`: the whole run, fresh or resumed, with one progress line per iteration."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from cluster.checkpoints import find_checkpoint, load_resume, truncate_metrics
+from cluster.config import RunConfig
+from cluster.driver import Trainer, make_run_dir
+from cluster.metrics import progress_line
+from cluster.models import ensure_model
+
+
+def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
+    """Run `cfg.iterations` iterations in total (a resumed run does the rest); returns the
+    run directory."""
+    from cluster.runtime import ray_session
+
+    ckpt = (find_checkpoint(resume, run_root=cfg.run_root, name=cfg.name, seed=cfg.seed)
+            if resume else None)
+    state = load_resume(ckpt) if ckpt else None
+    if state is not None:
+        run_dir = state.run_dir
+        truncate_metrics(run_dir, state.step)
+        print(f"[horizonrl] resuming {run_dir} from {ckpt.name} (step {state.step}, "
+              f"policy_version {state.policy_version})", flush=True)
+    else:
+        if resume:
+            print(f"[horizonrl] --resume {resume}: no checkpoint yet, starting fresh", flush=True)
+        run_dir = make_run_dir(cfg)
+        print(f"[horizonrl] run dir {run_dir}", flush=True)
+    t0 = time.perf_counter()
+    ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray starts
+    with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir, resume=state) as trainer:
+        print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training to "
+              f"{cfg.iterations} iterations", flush=True)
+        while trainer.step_count < cfg.iterations:
+            m = trainer.step()
+            print(progress_line(m, cfg.iterations), flush=True)
+            if m["horizon"] != m["next_horizon"]:
+                print(f"[horizonrl] horizon {m['horizon']} -> {m['next_horizon']}"
+                      f"{': ' + m['curriculum_decision'] if 'curriculum_decision' in m else ''}",
+                      flush=True)
+            every = cfg.checkpoint_every
+            if every and trainer.step_count % every == 0 and trainer.step_count < cfg.iterations:
+                trainer.save_checkpoint()
+        final = trainer.save_checkpoint()
+        print(f"[horizonrl] done in {time.perf_counter() - t0:.0f}s; final checkpoint {final}",
+              flush=True)
+    return run_dir

@@ -1,0 +1,47 @@
+"""The curriculum actor with 2 real generator actors: broadcasts, a restart, the horizon bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster.config import load_config
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path):
+    import ray
+
+    from cluster.driver import Trainer, make_run_dir
+    from cluster.runtime import ray_session
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        "name=bcast", "iterations=3", f"run_root={tmp_path}", "generator.num_generators=2",
+        "generator.tasks_per_step=4", "generator.group_size=2", "env.replicas_per_actor=8",
+        "curriculum.horizons=[2, 4]", "curriculum.boundaries=[1]", "learner.minibatches=1",
+    ])
+    with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
+        horizons = lambda: [ray.get(g.health.remote())["horizon"]  # noqa: E731
+                            for g in trainer.generators]
+        assert horizons() == [2, 2]
+        m0 = trainer.step()
+        assert (m0["horizon"], m0["next_horizon"]) == (2, 4)
+        # tick() returned only after both generators acknowledged the new horizon.
+        assert horizons() == [4, 4]
+        trainer.step()
+        step1 = trainer.last_trajectories
+        assert {t.horizon for t in step1} == {4}
+        assert {t.info["generator"] for t in step1} == {"gen0", "gen1"}
+
+        ray.kill(trainer.generators[1], no_restart=True)
+        m2 = trainer.step()  # finds gen1 dead, restarts it, re-runs its share
+        assert m2["generator_restarts"] == 1
+        assert horizons() == [4, 4]
+        assert ray.get(trainer.generators[1].get_policy_version.remote()) == 3
+        step2 = trainer.last_trajectories
+        assert len(step2) == 8 and {t.info["generator"] for t in step2} == {"gen0", "gen1"}
+        for t in step1 + step2:
+            assert t.num_turns <= t.horizon == 4
