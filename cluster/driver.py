@@ -7,6 +7,7 @@ update -> weights pushed to the generators (policy_version + 1) -> the curriculu
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from cluster.checkpoints import ResumeState, write_state
 from cluster.config import RunConfig, dump_config
 from cluster.metrics import MetricsLogger
 from cluster.models import ensure_model
+from cluster.prometheus import PrometheusExporter
 from envpool.pool import EnvPool
 from learner.group import LearnerGroup
 from learner.ingest import TrajectoryIngest
@@ -79,6 +81,9 @@ class Trainer:
         ing = cfg.learner.ingest
         self.ingest = TrajectoryIngest(host=ing.host, port=ing.port, capacity=ing.capacity,
                                        max_message_bytes=ing.max_message_bytes).start()
+        self.ingest_address = self.ingest.address
+        if ing.host in ("0.0.0.0", "::", ""):  # bound to every interface: advertise this node
+            self.ingest_address = f"{ray.util.get_node_ip_address()}:{self.ingest.port}"
         self.curriculum = ray.remote(num_cpus=0)(CurriculumActor).remote(cfg.curriculum)
         if resume:
             ray.get(self.curriculum.set_state.remote(resume.curriculum))
@@ -92,6 +97,14 @@ class Trainer:
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
         self.weights = ObjectStoreWeightSync(self.learner, self.generators)
         self.metrics = MetricsLogger(run_dir)
+        self.exporter = None
+        if cfg.metrics.enabled:
+            self.exporter = PrometheusExporter(host=cfg.metrics.host, port=cfg.metrics.port,
+                                               run=cfg.name, env=cfg.env.name)
+            (run_dir / "status.json").write_text(
+                json.dumps({"metrics_address": self.exporter.address}))
+            print(f"[horizonrl] Prometheus metrics on http://{self.exporter.address}/metrics",
+                  flush=True)
         self.last_trajectories: list[Trajectory] = []
 
     def __enter__(self) -> Trainer:
@@ -107,7 +120,7 @@ class Trainer:
         remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
         return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
                              env_pool=EnvPool(self.cfg.env, name=f"gen{i}-envpool"),
-                             ingest_address=self.ingest.address, seed=self.cfg.seed * 1000 + i,
+                             ingest_address=self.ingest_address, seed=self.cfg.seed * 1000 + i,
                              policy_version=self.policy_version)
 
     def restart_generator(self, i: int) -> None:
@@ -171,6 +184,7 @@ class Trainer:
         t_rollout = time.perf_counter() - t_start
         ids = [tid for o in outs for tid in o["trajectory_ids"]]
         trajs, orphans = self._collect(ids)
+        staleness = max((self.policy_version - t.policy_version for t in trajs), default=0)
         t0 = time.perf_counter()
         learn = self.learner.train(trajs)
         t_learn = time.perf_counter() - t0
@@ -192,13 +206,18 @@ class Trainer:
              "trajectories_orphaned": orphans,
              "ingest_duplicates": self.ingest.stats()["duplicates"],
              "generator_restarts": self.generator_restarts,
+             "env_restarts": sum(o["env_restarts"] for o in outs),
+             "queue_depth": self.ingest.stats()["queue_depth"], "staleness_max": staleness,
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),
              "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
              "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"]}
         if decision is not None:
             m["curriculum_decision"] = decision["reason"]
-        self.metrics.log(step, _flatten(m))
+        flat = _flatten(m)
+        self.metrics.log(step, flat)
+        if self.exporter is not None:
+            self.exporter.observe(flat, trajs)
         self.last_trajectories = trajs
         return m
 
@@ -215,10 +234,14 @@ class Trainer:
         write_state(tmp, {"step": self.step_count, "policy_version": self.policy_version,
                           "curriculum": ray.get(self.curriculum.get_state.remote()),
                           "base_model_path": self.base_model_path})
+        if path.exists():  # the same step saved again (a resumed run that had finished)
+            shutil.rmtree(path)
         tmp.rename(path)  # a checkpoint folder without .tmp is complete
         return path
 
     def close(self) -> None:
+        if self.exporter is not None:
+            self.exporter.close()
         self.metrics.close()
         self.learner.shutdown()
         self.ingest.stop()

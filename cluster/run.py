@@ -45,7 +45,8 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
             every = cfg.checkpoint_every
             if every and trainer.step_count % every == 0 and trainer.step_count < cfg.iterations:
                 trainer.save_checkpoint()
-        final = trainer.save_checkpoint()
+        final = trainer.save_checkpoint() if state is None or trainer.step_count > state.step \
+            else state.checkpoint
         print(f"[horizonrl] done in {time.perf_counter() - t0:.0f}s; final checkpoint {final}",
               flush=True)
     return run_dir

@@ -29,6 +29,7 @@ class LearnerConfig(BaseModel):
     algorithm: Literal["grpo"] = Field("grpo", description="Policy-gradient algorithm.")
     world_size: int = Field(2, ge=1, description="LearnerWorker ranks (one Ray actor each).")
     num_cpus_per_worker: float = Field(0.5, gt=0, description="Logical CPUs Ray reserves per rank.")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs per rank (0 on CPU).")
     torch_threads: int = Field(1, ge=1, description="Intra-op threads per rank.")
     zero_stage: Literal[1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
     lr: float = Field(3e-4, gt=0, description="Peak learning rate (AdamW).")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,12 +13,6 @@ from learner.batch import group_index, pad_batch, split_rows, valid_mask
 from learner.config import LearnerConfig
 from learner.worker import LearnerWorker
 from protos.trajectory import Trajectory
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
@@ -47,19 +40,22 @@ class LearnerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.cfg, self.pad_id = cfg, pad_id
-        self.pg = placement_group_or_explain(
-            [{"CPU": cfg.num_cpus_per_worker}] * cfg.world_size, what="learner ranks")
-        port = _free_port()
-        remote = ray.remote(num_cpus=cfg.num_cpus_per_worker, max_restarts=0)(LearnerWorker)
+        bundle = {"CPU": cfg.num_cpus_per_worker}
+        if cfg.num_gpus_per_worker:
+            bundle["GPU"] = cfg.num_gpus_per_worker
+        self.pg = placement_group_or_explain([bundle] * cfg.world_size, what="learner ranks")
+        remote = ray.remote(num_cpus=cfg.num_cpus_per_worker, num_gpus=cfg.num_gpus_per_worker,
+                            max_restarts=0)(LearnerWorker)
         self.workers = [
             remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=rank),
-                name=None).remote(rank=rank, world_size=cfg.world_size, master_port=port,
-                                  cfg=cfg, model_path=model_path, seed=seed,
-                                  ref_model_path=ref_model_path)
+                placement_group=self.pg, placement_group_bundle_index=rank)).remote(
+                rank=rank, world_size=cfg.world_size, cfg=cfg, model_path=model_path,
+                seed=seed, ref_model_path=ref_model_path)
             for rank in range(cfg.world_size)
         ]
-        ray.get([w.ready.remote() for w in self.workers])
+        # Rank 0's node, not 127.0.0.1: ranks may sit on different nodes of a real cluster.
+        addr, port = ray.get(self.workers[0].rendezvous_address.remote())
+        ray.get([w.setup.remote(addr, port) for w in self.workers])
 
     def advantages(self, trajs: Sequence[Trajectory]) -> np.ndarray:
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)

@@ -35,35 +35,54 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch: int) -> dict[str, Any]:
 class LearnerWorker:
     """One rank: forward/backward with DeepSpeed, GRPO loss, weights for the generators."""
 
-    def __init__(self, *, rank: int, world_size: int, master_port: int, cfg: LearnerConfig,
-                 model_path: str, seed: int, ref_model_path: str | None = None) -> None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+    def __init__(self, *, rank: int, world_size: int, cfg: LearnerConfig, model_path: str,
+                 seed: int, ref_model_path: str | None = None) -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.model_path, self.ref_model_path, self.seed = model_path, ref_model_path, seed
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)
         if not torch.cuda.is_available():
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it rather than be warned
+        self.updates = 0
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group: its node's IP and a free port there."""
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return ip, s.getsockname()[1]
+
+    def setup(self, master_addr: str, master_port: int) -> bool:
+        """Join the process group (gloo on CPU, NCCL on GPU), load models, build the engine."""
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size),
+                          LOCAL_RANK="0", MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         import deepspeed
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-
+        cfg = self.cfg
         if not cfg.shm_allreduce:
             # Skips the 1-2 min gcc build of the shm allreduce; DeepSpeed then uses gloo alone.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-        self.cfg, self.rank = cfg, rank
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         self.ref = None
         if cfg.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(ref_model_path or model_path,
-                                                            dtype=torch.float32)
+            self.ref = AutoModelForCausalLM.from_pretrained(
+                self.ref_model_path or self.model_path, dtype=torch.float32)
             self.ref.eval().requires_grad_(False)
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(cfg, micro_batch=1), lr_scheduler=self._schedule)
-        self.updates = 0
+        if self.ref is not None:
+            self.ref.to(self.engine.device)
+        return True
 
     def _schedule(self, optimizer: torch.optim.Optimizer) -> Any:
         # Update k (0-based) uses lr * (k+1)/warmup: DeepSpeed's WarmupLR gives the first
@@ -92,7 +111,7 @@ class LearnerWorker:
         return out
 
     def _step(self, mb: dict[str, np.ndarray]) -> dict[str, float]:
-        t = {k: torch.from_numpy(v) for k, v in mb.items()}
+        t = {k: torch.from_numpy(v).to(self.engine.device) for k, v in mb.items()}
         # Rows are right-padded and attention is causal, so padding never reaches a real token:
         # no attention mask, which keeps SDPA on its fast causal path.
         logits = self.engine(input_ids=t["input_ids"]).logits
@@ -126,7 +145,7 @@ class LearnerWorker:
         self.engine.eval()
         out = []
         for seq in sequences:
-            ids = torch.tensor([list(seq)], dtype=torch.long)
+            ids = torch.tensor([list(seq)], dtype=torch.long, device=self.engine.device)
             out.append(alg.token_logprobs(self.engine(input_ids=ids).logits, ids)[0].tolist())
         return out
 

@@ -24,9 +24,27 @@ def test_bad_override_names_the_field():
     assert "learner.zero_stage" in out.stderr
 
 
+def test_dry_run_names_missing_gpus():
+    out = subprocess.run([*CLI, "train", "--config", "configs/babyai-local.yaml", "--dry-run",
+                          "generator.num_gpus=2", "generator.num_generators=2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "does not fit: GPU: needs 4" in out.stdout
+    ok = subprocess.run([*CLI, "train", "--config", "configs/babyai-local.yaml", "--dry-run"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "fits: CPU 2.5/4" in ok.stdout
+
+
+def test_status_without_a_run_says_so(tmp_path):
+    out = subprocess.run([*CLI, "status", "127.0.0.1:1"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1 and "no training answers" in out.stderr
+
+
 def test_train_cli_writes_run_dir(tmp_path):
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=e2e", "iterations=2",
+         "metrics.port=0",
          f"run_root={tmp_path}", "checkpoint_every=1", "generator.tasks_per_step=2",
          "generator.group_size=4", "env.replicas_per_actor=8"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,

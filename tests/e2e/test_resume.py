@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,13 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _cmd(run_root: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
-            "name=resume", "iterations=6", f"run_root={run_root}", "checkpoint_every=2",
+            "name=resume", "iterations=10", "metrics.port=0",
+            f"run_root={run_root}", "checkpoint_every=2",
             "generator.tasks_per_step=2", "generator.group_size=2", "env.replicas_per_actor=4",
             "curriculum.horizons=[2, 3]", "curriculum.boundaries=[2]", *extra]
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver and everything it started (local Ray included), like a lost node."""
+def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    """SIGKILL the driver and everything it started (local Ray included), like a lost node;
+    returns the processes still alive afterwards."""
     parent = psutil.Process(proc.pid)
     procs = [parent, *parent.children(recursive=True)]
     for p in procs:
@@ -34,7 +37,9 @@ def _kill_tree(proc: subprocess.Popen) -> None:
             p.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=30)
+    _, alive = psutil.wait_procs(procs, timeout=30)
+    proc.wait(timeout=30)
+    return alive
 
 
 def test_sigkill_after_stage_change_then_resume(tmp_path):
@@ -51,18 +56,22 @@ def test_sigkill_after_stage_change_then_resume(tmp_path):
         else:
             pytest.fail("no checkpoint at step 4 within 600 s")
     finally:
-        _kill_tree(first)
+        alive = _kill_tree(first)
+    assert not alive, f"processes of the killed run survived: {alive}"
     (run_dir,) = tmp_path.iterdir()
+
+    assert not (run_dir / "checkpoints/step_000010").exists(), "killed too late"
 
     second = subprocess.run([*_cmd(tmp_path), "--resume", "auto"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "resuming" in second.stdout and "step_000004" in second.stdout
+    resumed_at = int(re.search(r"from step_(\d+) ", second.stdout).group(1))
+    assert 4 <= resumed_at < 10  # after the stage change at step 2
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [0, 1, 2, 3, 4, 5]  # each step logged exactly once
-    assert [x["horizon"] for x in lines] == [2, 2, 3, 3, 3, 3]
-    assert [x["policy_version"] for x in lines] == [1, 2, 3, 4, 5, 6]
-    final = json.loads((run_dir / "checkpoints/step_000006/trainer_state.json").read_text())
-    assert final["step"] == 6 and final["policy_version"] == 6
-    assert final["curriculum"]["step"] == 6 and final["curriculum"]["horizon"] == 3
+    assert [x["step"] for x in lines] == list(range(10))  # each step logged exactly once
+    assert [x["horizon"] for x in lines] == [2, 2] + [3] * 8
+    assert [x["policy_version"] for x in lines] == list(range(1, 11))
+    final = json.loads((run_dir / "checkpoints/step_000010/trainer_state.json").read_text())
+    assert final["step"] == 10 and final["policy_version"] == 10
+    assert final["curriculum"]["step"] == 10 and final["curriculum"]["horizon"] == 3

@@ -12,18 +12,22 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path):
+def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
     import ray
 
     from cluster.driver import Trainer, make_run_dir
     from cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
-        "name=bcast", "iterations=3", f"run_root={tmp_path}", "generator.num_generators=2",
+        "name=bcast", "iterations=3", "metrics.port=0",
+        f"run_root={tmp_path}", "generator.num_generators=2",
         "generator.tasks_per_step=4", "generator.group_size=2", "env.replicas_per_actor=8",
         "curriculum.horizons=[2, 4]", "curriculum.boundaries=[1]", "learner.minibatches=1",
     ])
-    with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
+    from cluster.cli import main as cli
+
+    run_dir = make_run_dir(cfg)
+    with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
         horizons = lambda: [ray.get(g.health.remote())["horizon"]  # noqa: E731
                             for g in trainer.generators]
         assert horizons() == [2, 2]
@@ -45,3 +49,10 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path):
         assert len(step2) == 8 and {t.info["generator"] for t in step2} == {"gen0", "gen1"}
         for t in step1 + step2:
             assert t.num_turns <= t.horizon == 4
+
+        # `horizonrl status` against the live run reads the figures the driver exports.
+        capsys.readouterr()
+        assert cli(["status", str(run_dir)]) == 0
+        out = capsys.readouterr().out
+        assert "step 3 | horizon 4 | policy_version 3" in out
+        assert "generator restarts 1" in out

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def cfg(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     return load_config(ROOT / "configs/babyai-local.yaml", [
-        "name=it", "iterations=2", f"run_root={root}", "checkpoint_every=0",
+        "name=it", "iterations=2", "metrics.port=0", f"run_root={root}", "checkpoint_every=0",
         "env.replicas_per_actor=16", "generator.tasks_per_step=4", "generator.group_size=4",
         "curriculum.horizons=[2, 3]", "curriculum.steps_per_stage=1",
         "learner.minibatches=1", "learner.lr=1e-3", "learner.warmup_steps=0",
