@@ -23,7 +23,7 @@ from cluster.checkpoints import ResumeState, write_state
 from cluster.config import RunConfig, dump_config
 from cluster.metrics import MetricsLogger
 from cluster.models import ensure_model
-from cluster.prometheus import PrometheusExporter
+from cluster.prometheus import PrometheusExporter, repeated_action_rate
 from envpool.pool import EnvPool
 from learner.group import LearnerGroup
 from learner.ingest import TrajectoryIngest
@@ -59,6 +59,7 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         # Episodes that ran out of turns: what the adaptive curriculum watches.
         "truncated_at_horizon_rate": sum(t.truncated and t.num_turns >= t.horizon
                                          for t in ok) / n,
+        "repeated_action_rate": repeated_action_rate(ok),
         "failed_episodes": float(len(trajs) - len(ok)),
         "max_turns": float(max((t.num_turns for t in trajs), default=0)),
     }

@@ -54,6 +54,7 @@ PHASES = ("generate", "env", "transport", "learn", "weight_sync", "iteration")
 
 
 def repeated_action_rate(trajs: Sequence[Trajectory]) -> float:
+    """Share of turns whose action repeats the episode's previous action."""
     pairs = [(a, b) for t in trajs for a, b in zip(t.info.get("actions", []),
                                                    t.info.get("actions", [])[1:])]
     return sum(a == b for a, b in pairs) / max(len(pairs), 1)
@@ -87,8 +88,7 @@ class PrometheusExporter:
         self._last: dict[str, float] = {}
 
     def observe(self, m: dict[str, Any], trajs: Sequence[Trajectory]) -> None:
-        values = {**m, "step_done": m["step"] + 1,
-                  "repeated_action_rate": repeated_action_rate(trajs)}
+        values = {**m, "step_done": m["step"] + 1}
         for k, (_, key) in GAUGES.items():
             if isinstance(values.get(key), (int, float)):
                 self.gauges[k].labels(**self.labels).set(values[key])

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cluster.runtime import LOCAL_RAY_ENV
@@ -25,21 +30,43 @@ def _free_port() -> int:
 
 
 @pytest.fixture()
-def ray_head(tmp_path):
-    """A head on loopback only, with the venv first on PATH so jobs find `horizonrl`."""
-    gcs, dash = _free_port(), _free_port()
+def ray_head():
+    """A head on loopback only, with the venv first on PATH so jobs find `horizonrl`.
+
+    `ray start --block` in its own session, stopped by killing that session: `ray stop` would
+    stop every Ray instance on the machine, other runs' included.
+    """
+    gcs, dash, agent, metrics, client = (_free_port() for _ in range(5))
     env = {**os.environ, **LOCAL_RAY_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
     env.pop("RAY_ADDRESS", None)
     temp = Path("/tmp") / f"ray-{gcs}"  # Ray's socket paths must stay short
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
-                    f"--port={gcs}", "--num-cpus=4", "--dashboard-host=127.0.0.1",
-                    f"--dashboard-port={dash}", f"--temp-dir={temp}", "--disable-usage-stats"],
-                   env=env, check=True, capture_output=True, timeout=180)
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={gcs}", "--num-cpus=4", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dash}", f"--temp-dir={temp}", "--disable-usage-stats",
+         # Fixed defaults (agent 52365, client 10001) clash with any other Ray on the machine.
+         f"--dashboard-agent-listen-port={agent}", f"--metrics-export-port={metrics}",
+         f"--ray-client-server-port={client}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # until the job API answers
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{dash}/api/jobs/", timeout=5)
+                break
+            except OSError:
+                assert head.poll() is None, "ray start exited"
+                time.sleep(1)
+        else:
+            pytest.fail("the Ray head's job API did not come up within 180 s")
         yield f"http://127.0.0.1:{dash}", env
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True,
-                       timeout=120)
+        procs = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
+        os.killpg(head.pid, signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        for p in alive:
+            p.kill()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_job_submit_trains_and_writes_metrics(ray_head, tmp_path):
@@ -50,7 +77,12 @@ def test_job_submit_trains_and_writes_metrics(ray_head, tmp_path):
            "iterations=2", f"run_root={tmp_path}", "metrics.port=0", "checkpoint_every=0",
            f"model.cache_dir={ROOT / '.cache/models'}", "generator.tasks_per_step=2",
            "generator.group_size=4", "env.replicas_per_actor=8"]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    for _ in range(12):  # the head's job agent can lag its HTTP API by several seconds
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=900)
+        if "No available agent" not in out.stdout + out.stderr:
+            break
+        time.sleep(5)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "succeeded" in out.stdout
     (run_dir,) = tmp_path.iterdir()
