@@ -71,6 +71,10 @@ class MetricsConfig(BaseModel):
         "127.0.0.1", description="Bind address; 0.0.0.0 only inside a pod (deploy/ sets it)."
     )
     port: int = Field(9464, ge=0, le=65535, description="Port of /metrics; 0 picks a free one.")
+    wandb: bool = Field(
+        False, description="Also log to Weights & Biases (`pip install wandb`); offline unless "
+        "WANDB_MODE says otherwise, so a run never needs the network.",
+    )
 
 
 class RunConfig(BaseModel):

@@ -97,7 +97,8 @@ class Trainer:
                                     ref_model_path=self.base_model_path,
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
         self.weights = ObjectStoreWeightSync(self.learner, self.generators)
-        self.metrics = MetricsLogger(run_dir)
+        self.metrics = MetricsLogger(
+            run_dir, wandb_config=cfg.model_dump(mode="json") if cfg.metrics.wandb else None)
         self.exporter = None
         if cfg.metrics.enabled:
             self.exporter = PrometheusExporter(host=cfg.metrics.host, port=cfg.metrics.port,

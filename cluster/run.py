@@ -8,7 +8,7 @@ from pathlib import Path
 from cluster.checkpoints import find_checkpoint, load_resume, truncate_metrics
 from cluster.config import RunConfig
 from cluster.driver import Trainer, make_run_dir
-from cluster.metrics import progress_line
+from cluster.metrics import ProgressReporter
 from cluster.models import ensure_model
 
 
@@ -35,16 +35,21 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir, resume=state) as trainer:
         print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training to "
               f"{cfg.iterations} iterations", flush=True)
-        while trainer.step_count < cfg.iterations:
-            m = trainer.step()
-            print(progress_line(m, cfg.iterations), flush=True)
-            if m["horizon"] != m["next_horizon"]:
-                print(f"[horizonrl] horizon {m['horizon']} -> {m['next_horizon']}"
-                      f"{': ' + m['curriculum_decision'] if 'curriculum_decision' in m else ''}",
-                      flush=True)
-            every = cfg.checkpoint_every
-            if every and trainer.step_count % every == 0 and trainer.step_count < cfg.iterations:
-                trainer.save_checkpoint()
+        progress = ProgressReporter(total=cfg.iterations, done=trainer.step_count)
+        try:
+            while trainer.step_count < cfg.iterations:
+                m = trainer.step()
+                progress.update(m)
+                if m["horizon"] != m["next_horizon"]:
+                    why = m.get("curriculum_decision")
+                    print(f"[horizonrl] horizon {m['horizon']} -> {m['next_horizon']}"
+                          f"{': ' + why if why else ''}", flush=True)
+                every = cfg.checkpoint_every
+                if every and trainer.step_count % every == 0 \
+                        and trainer.step_count < cfg.iterations:
+                    trainer.save_checkpoint()
+        finally:
+            progress.close()
         final = trainer.save_checkpoint() if state is None or trainer.step_count > state.step \
             else state.checkpoint
         print(f"[horizonrl] done in {time.perf_counter() - t0:.0f}s; final checkpoint {final}",
