@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,9 @@ class LearnerWorker:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+        # DeepSpeed 0.19's ZeRO gathers call a torch API deprecated in 2.13, once per step.
+        warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*",
+                                category=FutureWarning)
         cfg = self.cfg
         if not cfg.shm_allreduce:
             # Skips the 1-2 min gcc build of the shm allreduce; DeepSpeed then uses gloo alone.
