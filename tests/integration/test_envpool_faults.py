@@ -1,0 +1,41 @@
+"""EnvPool against real Ray actors: a killed env actor fails only its episodes (env_error) and
+the next acquire gets a healthy replica."""
+
+from __future__ import annotations
+
+import pytest
+
+from envpool.config import EnvConfig
+from envpool.pool import EnvError, EnvPool
+
+pytestmark = pytest.mark.integration
+
+
+def test_killed_replica_actor_fails_its_episode_then_heals():
+    import ray
+
+    from cluster.config import RayConfig
+    from cluster.runtime import ray_session
+
+    with ray_session(RayConfig(num_cpus=2)):
+        pool = EnvPool(EnvConfig(num_actors=2, replicas_per_actor=1, call_timeout_s=30))
+        pool.wait_ready()
+        a, b = pool.acquire(2)
+        assert {a.actor, b.actor} == {0, 1}
+        assert all(not isinstance(r, EnvError) for r in pool.reset([a, b], [1, 2]))
+
+        ray.kill(pool.actors[a.actor], no_restart=True)  # the replica's process dies mid-episode
+        ra, rb = pool.step([a, b], ["turn left", "turn left"])
+        assert isinstance(ra, EnvError) and ra.kind == "env_error"
+        assert not isinstance(rb, EnvError) and not rb.info["invalid_action"]
+        assert pool.restarts == 1
+        # A stale slot keeps failing rather than talking to the new actor's fresh env.
+        (again,) = pool.step([a], ["turn left"])
+        assert isinstance(again, EnvError) and "restarted" in again.message
+
+        pool.release([a, b])
+        fresh = pool.acquire(2)
+        results = pool.reset(fresh, [3, 4])
+        assert all(not isinstance(r, EnvError) for r in results)
+        assert all(not isinstance(r, EnvError) for r in pool.step(fresh, ["turn right"] * 2))
+        assert all(isinstance(h, dict) for h in pool.health())
