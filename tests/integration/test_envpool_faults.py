@@ -39,3 +39,31 @@ def test_killed_replica_actor_fails_its_episode_then_heals():
         assert all(not isinstance(r, EnvError) for r in results)
         assert all(not isinstance(r, EnvError) for r in pool.step(fresh, ["turn right"] * 2))
         assert all(isinstance(h, dict) for h in pool.health())
+
+
+def test_hung_step_is_cut_by_the_timeout():
+    import os
+    import signal
+    import time
+
+    import ray
+
+    from cluster.config import RayConfig
+    from cluster.runtime import ray_session
+
+    with ray_session(RayConfig(num_cpus=2)):
+        pool = EnvPool(EnvConfig(num_actors=1, replicas_per_actor=1, call_timeout_s=3))
+        pool.wait_ready()
+        (slot,) = pool.acquire(1)
+        pool.reset([slot], [5])
+        pid = ray.get(pool.actors[0].health.remote())["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the replica's process stops answering: a hung step
+        t0 = time.monotonic()
+        (res,) = pool.step([slot], ["move forward"])
+        waited = time.monotonic() - t0
+        assert isinstance(res, EnvError) and res.kind == "timeout"
+        assert 2.5 < waited < 30, waited
+        assert pool.restarts == 1
+        pool.release([slot])
+        (fresh,) = pool.acquire(1)
+        assert not isinstance(pool.reset([fresh], [6])[0], EnvError)
