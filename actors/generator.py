@@ -38,7 +38,7 @@ class GeneratorActor:
 
     def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str, env_pool: EnvPool,
                  ingest_address: str, seed: int, policy_version: int = 0,
-                 engine: Engine | None = None) -> None:
+                 ingest_token: str | None = None, engine: Engine | None = None) -> None:
         
         from actors.transport import TrajectorySender
 
@@ -54,7 +54,8 @@ class GeneratorActor:
                                 stop_token_ids=[self.chat.im_end_id],
                                 kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype)
         self.engine = engine
-        self.sender = TrajectorySender(ingest_address, deadline_s=cfg.send_deadline_s)
+        self.sender = TrajectorySender(ingest_address, deadline_s=cfg.send_deadline_s,
+                                       auth_token=ingest_token)
         self.seed = seed
         self.policy_version = policy_version  # of the weights at model_path
         self.horizon: int | None = None

@@ -49,6 +49,7 @@ class TrajectorySender:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         retries: int = 3,
         backoff_s: float = 0.5,
+        auth_token: str | None = None,
     ) -> None:
         """`deadline_s` bounds each attempt, waiting for the learner to come up included;
         `retries` extra attempts follow an UNAVAILABLE with backoff `backoff_s * 2**k`."""
@@ -66,6 +67,7 @@ class TrajectorySender:
             ],
         )
         self._stub = trajectory_pb2_grpc.TrajectoryServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else None
 
     def send(self, trajectories: Sequence[Trajectory]) -> PushResult:
         """Send `trajectories` in one stream; retry the whole batch on UNAVAILABLE.
@@ -80,7 +82,8 @@ class TrajectorySender:
             try:
                 # wait_for_ready: a learner that is (re)starting is waited for within the
                 # deadline instead of failing the attempt at once.
-                ack = self._stub.Push(iter(messages), timeout=self._deadline_s, wait_for_ready=True)
+                ack = self._stub.Push(iter(messages), timeout=self._deadline_s,
+                                      wait_for_ready=True, metadata=self._metadata)
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == self._retries:
                     raise

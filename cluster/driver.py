@@ -8,6 +8,7 @@ update -> weights pushed to the generators (policy_version + 1) -> the curriculu
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -80,8 +81,10 @@ class Trainer:
         self.policy_version = resume.policy_version if resume else 0
         self.generator_restarts = 0
         ing = cfg.learner.ingest
+        self.ingest_token = os.environ.get(ing.auth_token_env) or None
         self.ingest = TrajectoryIngest(host=ing.host, port=ing.port, capacity=ing.capacity,
-                                       max_message_bytes=ing.max_message_bytes).start()
+                                       max_message_bytes=ing.max_message_bytes,
+                                       auth_token=self.ingest_token).start()
         self.ingest_address = self.ingest.address
         if ing.host in ("0.0.0.0", "::", ""):  # bound to every interface: advertise this node
             self.ingest_address = f"{ray.util.get_node_ip_address()}:{self.ingest.port}"
@@ -122,7 +125,8 @@ class Trainer:
         remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
         return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
                              env_pool=EnvPool(self.cfg.env, name=f"gen{i}-envpool"),
-                             ingest_address=self.ingest_address, seed=self.cfg.seed * 1000 + i,
+                             ingest_address=self.ingest_address,
+                             ingest_token=self.ingest_token, seed=self.cfg.seed * 1000 + i,
                              policy_version=self.policy_version)
 
     def restart_generator(self, i: int) -> None:

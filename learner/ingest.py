@@ -18,6 +18,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
@@ -37,6 +38,34 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 32k-token episode is ~0.3 MB: ample headroom
 
 
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost: addresses no other machine can reach."""
+    import ipaddress
+
+    if host.strip("[]") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _TokenCheck(grpc.ServerInterceptor):
+    """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED)."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._refuse = grpc.stream_unary_rpc_method_handler(
+            lambda _requests, ctx: ctx.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                             "missing or wrong ingest token"))
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        sent = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(str(sent).encode(), self._expected):
+            return continuation(details)
+        return self._refuse
+
+
 class TrajectoryIngest:
     """gRPC server plus bounded, deduplicating buffer of trajectories. Thread-safe."""
 
@@ -49,12 +78,20 @@ class TrajectoryIngest:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         put_timeout_s: float = 30.0,
         max_workers: int = 8,
+        auth_token: str | None = None,
     ) -> None:
         """Configure the server; nothing listens until `start()`.
 
         `port=0` picks a free port at the first `start()` and keeps it for later restarts.
         `max_workers` bounds concurrent streams (one thread each); more streams queue in gRPC.
+        `auth_token`: clients must send `authorization: Bearer <token>`; required when `host`
+        is not a loopback address, so an ingest is never open to a network unauthenticated.
         """
+        if auth_token is None and not is_loopback(host):
+            raise ValueError(f"the trajectory ingest binds {host!r}, which is not loopback: "
+                             "give it an auth token (learner.ingest.auth_token_env names the "
+                             "environment variable that holds it)")
+        self._auth_token = auth_token
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._host = host
@@ -95,9 +132,11 @@ class TrajectoryIngest:
             # would then bind silently and steal half the streams. Fail the bind instead.
             ("grpc.so_reuseport", 0),
         ]
+        interceptors = [] if self._auth_token is None else [_TokenCheck(self._auth_token)]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="ingest"),
             options=options,
+            interceptors=interceptors,
         )
         trajectory_pb2_grpc.add_TrajectoryServiceServicer_to_server(_Servicer(self), server)
         try:
