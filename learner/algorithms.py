@@ -14,6 +14,14 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp_min(1)
 
 
+def _valid_groups(rewards: Tensor, groups: Tensor, valid: Tensor):
+    """Yield (member mask, valid rewards) for every group with at least 2 valid members."""
+    for g in torch.unique(groups):
+        idx = (groups == g) & valid
+        if int(idx.sum()) >= 2:
+            yield idx, rewards[idx].float()
+
+
 def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *,
                     norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
     """GRPO: A_i = (r_i - mean(r_group)) / (std(r_group) + eps), per group of the same task.
@@ -23,12 +31,7 @@ def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *,
     member has advantage 0. `norm_by_std=False` drops the division (Dr.GRPO).
     """
     adv = torch.zeros_like(rewards, dtype=torch.float32)
-    for g in torch.unique(groups):
-        idx = (groups == g) & valid
-        n = int(idx.sum())
-        if n < 2:
-            continue
-        r = rewards[idx].float()
+    for idx, r in _valid_groups(rewards, groups, valid):
         centred = r - r.mean()
         std = r.std()
         # All-equal rewards: centred is all 0 already; skip the 0/0 that eps=0 would give.
@@ -114,13 +117,8 @@ def rloo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor) -> Tensor:
     advantage 0 and are left out of every baseline; a group with one valid member gets 0.
     """
     adv = torch.zeros_like(rewards, dtype=torch.float32)
-    for g in torch.unique(groups):
-        idx = (groups == g) & valid
-        n = int(idx.sum())
-        if n < 2:
-            continue
-        r = rewards[idx].float()
-        adv[idx] = r - (r.sum() - r) / (n - 1)
+    for idx, r in _valid_groups(rewards, groups, valid):
+        adv[idx] = r - (r.sum() - r) / (len(r) - 1)
     return adv
 
 
