@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from cluster.config import ConfigError, TinyModelConfig, load_config
+from cluster.config import ConfigError, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,13 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 2
         return 0
-    from cluster.tiny_model import build_tiny_model
+    from cluster.models import build_from_config
 
-    t: TinyModelConfig = cfg.model.tiny
-    build_tiny_model(args.out, env_name=cfg.env.name, env_kwargs=cfg.env.kwargs,
-                     vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                     num_layers=t.num_layers, transcripts=t.transcripts, max_turns=t.max_turns,
-                     pretrain_steps=t.pretrain_steps, batch_size=t.batch_size, lr=t.lr)
+    build_from_config(args.out, cfg.model.tiny, env=cfg.env)
     return 0
 
 

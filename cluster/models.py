@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from cluster.config import ModelConfig
+from cluster.config import ModelConfig, TinyModelConfig
 from envpool.config import EnvConfig
 
 
@@ -28,13 +28,14 @@ def ensure_model(cfg: ModelConfig, *, env: EnvConfig) -> Path:
     out = tiny_model_dir(cfg, env)
     if (out / "config.json").exists():
         return out
-    from cluster.tiny_model import build_tiny_model
-
-    t = cfg.tiny
     tmp = out.with_name(out.name + ".building")
-    build_tiny_model(tmp, env_name=env.name, env_kwargs=env.kwargs, vocab_size=t.vocab_size,
-                     hidden_size=t.hidden_size, num_layers=t.num_layers,
-                     transcripts=t.transcripts, max_turns=t.max_turns,
-                     pretrain_steps=t.pretrain_steps, batch_size=t.batch_size, lr=t.lr)
+    build_from_config(tmp, cfg.tiny, env=env)
     tmp.rename(out)  # only a finished build is ever found by the check above
     return out
+
+
+def build_from_config(out: str | Path, tiny: TinyModelConfig, *, env: EnvConfig) -> Path:
+    """`horizonrl make-tiny-model` and the cache above: the tiny model as `tiny` describes it."""
+    from cluster.tiny_model import build_tiny_model
+
+    return build_tiny_model(out, env_name=env.name, env_kwargs=env.kwargs, **tiny.model_dump())
