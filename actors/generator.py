@@ -121,8 +121,8 @@ class GeneratorActor:
                     loop.fail(Failure(first.kind))
                 else:
                     loop.start(first[0])
-            pending = list(range(len(loops)))
-            sent += self._push(loops, meta, pending, step, version, timing)
+            # Episodes whose reset failed are done already: account for them now.
+            sent += self._push(loops, meta, range(len(loops)), step, version, timing)
             turn = 0
             while any(not loops[i].done for i in range(len(loops))) and turn < horizon:
                 live = [i for i in range(len(loops)) if not loops[i].done]
@@ -154,7 +154,7 @@ class GeneratorActor:
             else:
                 loops[i].add_env_result(res)
 
-    def _push(self, loops: list[AgentLoop], meta: list, candidates: list[int], step: int,
+    def _push(self, loops: list[AgentLoop], meta: list, candidates: Sequence[int], step: int,
               version: int, timing: dict[str, float]) -> list[str]:
         """Send the episodes among `candidates` that are done; return their ids."""
         done = [i for i in candidates if loops[i].done]

@@ -27,7 +27,7 @@ from cluster.models import ensure_model
 from cluster.prometheus import PrometheusExporter, repeated_action_rate
 from envpool.pool import EnvPool
 from learner.group import LearnerGroup
-from learner.ingest import TrajectoryIngest
+from learner.ingest import TrajectoryIngest, is_wildcard
 from learner.weights import ObjectStoreWeightSync
 from protos.trajectory import Failure, Trajectory
 
@@ -86,7 +86,7 @@ class Trainer:
                                        max_message_bytes=ing.max_message_bytes,
                                        auth_token=self.ingest_token).start()
         self.ingest_address = self.ingest.address
-        if ing.host in ("0.0.0.0", "::", ""):  # bound to every interface: advertise this node
+        if is_wildcard(ing.host):  # bound to every interface: advertise this node's IP
             self.ingest_address = f"{ray.util.get_node_ip_address()}:{self.ingest.port}"
         self.curriculum = ray.remote(num_cpus=0)(CurriculumActor).remote(cfg.curriculum)
         if resume:

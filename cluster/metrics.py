@@ -25,28 +25,23 @@ class MetricsLogger:
             os.environ.setdefault("WANDB_MODE", "offline")
             self._wandb = wandb.init(project="horizonrl", name=run_dir.name,
                                      dir=str(run_dir), config=wandb_config)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-        except ImportError:  # tensorboard is a dependency; this only guards odd installs
-            self._tb = None
+        self._tb = SummaryWriter(str(run_dir / "tensorboard"))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()
         numeric = {k: v for k, v in metrics.items()
                    if isinstance(v, (int, float)) and math.isfinite(v)}
-        if self._tb is not None:
-            for k, v in numeric.items():
-                self._tb.add_scalar(k, v, step)
+        for k, v in numeric.items():
+            self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
 

@@ -102,7 +102,7 @@ class LearnerGroup:
         import ray
 
         refs = [w.state_dict.remote() for w in self.workers]
-        ray.wait(refs[1:], num_returns=len(refs) - 1) if len(refs) > 1 else None
+        ray.get(refs[1:])  # the other ranks return None once the (ZeRO-3) gather is done
         return refs[0]
 
     def save_hf(self, path: Any) -> None:

@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 32k-token episode is ~0.3 MB: ample headroom
 
 
+def is_wildcard(host: str) -> bool:
+    """An address that binds every interface ("", 0.0.0.0, ::)."""
+    return host.strip("[]") in ("", "0.0.0.0", "::")
+
+
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 and localhost: addresses no other machine can reach."""
     import ipaddress
@@ -117,7 +122,7 @@ class TrajectoryIngest:
     @property
     def address(self) -> str:
         """`host:port` a client on this machine can dial."""
-        host = "127.0.0.1" if self._host in ("", "0.0.0.0", "[::]", "::") else self._host
+        host = "127.0.0.1" if is_wildcard(self._host) else self._host
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return f"{host}:{self._port}"

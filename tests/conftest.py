@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,15 @@ def tokenizer(tiny_model_path: Path):
 
     
     return load_tokenizer(tiny_model_path)
+
+
+@pytest.fixture()
+def free_port() -> Callable[[], int]:
+    """A function giving a free TCP port on 127.0.0.1 (bound and released at once)."""
+
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    return pick

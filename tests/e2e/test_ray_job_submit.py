@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,20 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture()
-def ray_head():
+def ray_head(free_port):
     """A head on loopback only, with the venv first on PATH so jobs find `horizonrl`.
 
     `ray start --block` in its own session, stopped by killing that session: `ray stop` would
     stop every Ray instance on the machine, other runs' included.
     """
-    gcs, dash, agent, metrics, client = (_free_port() for _ in range(5))
+    gcs, dash, agent, metrics, client = (free_port() for _ in range(5))
     env = {**os.environ, **LOCAL_RAY_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
     env.pop("RAY_ADDRESS", None)
     temp = Path("/tmp") / f"ray-{gcs}"  # Ray's socket paths must stay short

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -35,11 +34,6 @@ def dashboard_queries() -> list[str]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _query(port: int, expr: str) -> list:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -60,7 +54,7 @@ def test_dashboard_has_stable_uid_and_variables():
 @pytest.mark.skipif(shutil.which("prometheus") is None,
                     reason="Debian's prometheus is not installed (.ci/run and "
                            "`make install-dev` install it)")
-def test_every_dashboard_query_returns_data(tmp_path):
+def test_every_dashboard_query_returns_data(tmp_path, free_port):
     from cluster.driver import Trainer, make_run_dir
     from cluster.runtime import ray_session
 
@@ -68,7 +62,7 @@ def test_every_dashboard_query_returns_data(tmp_path):
         "name=prom", "iterations=8", f"run_root={tmp_path}", "metrics.port=0",
         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8",
         "learner.minibatches=1"])
-    prom_port = _free_port()
+    prom_port = free_port()
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         (tmp_path / "prometheus.yml").write_text(
             "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: horizonrl\n"
