@@ -25,7 +25,7 @@ from minigrid.core.constants import DIR_TO_VEC
 from minigrid.core.world_object import WorldObj
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
-from envpool.base import StepResult
+from envpool.base import StepResult, parse_agentgym_action
 
 SYSTEM_PROMPT = (
     "You are an agent in a grid world. Each turn, answer with one line: Action: followed by "
@@ -55,14 +55,9 @@ def _normalise(text: str) -> str:
 
 
 def parse_action(text: str) -> str:
-    """Pull the action out of a model's reply: first non-empty line, normalised. Never raises."""
-    if not isinstance(text, str):
-        return ""
-    # A reply longer than any action is cut early so a runaway generation costs nothing.
-    for line in text[: _MAX_ACTION_CHARS * 4].splitlines():
-        if line.strip():
-            return _normalise(line[: _MAX_ACTION_CHARS * 2])
-    return ""
+    """Pull the action out of a model's reply ("Thought: ... Action: X" or a bare first line),
+    normalised. Never raises."""
+    return _normalise(parse_agentgym_action(text))
 
 
 def _steps(n: int, forward: str, backward: str) -> str:
@@ -162,6 +157,10 @@ class BabyAITextEnv:
         return StepResult(
             self._obs, float(reward), self._terminated, self._truncated, self._info(invalid=False)
         )
+
+    def oracle_action(self) -> str:
+        """The scripted agent's next action (minigrid's BabyAIBot); see `oracle_action`."""
+        return oracle_action(self)
 
     def close(self) -> None:
         """Release the minigrid env."""
@@ -361,9 +360,12 @@ class BabyAITextEnv:
         return total
 
 
-def random_valid_action(info: dict[str, Any], rng: random.Random) -> str:
+def random_action(info: dict[str, Any], rng: random.Random) -> str:
     """A uniformly random action from `info["available_actions"]` (pre-training data, tests)."""
     return rng.choice(info["available_actions"])
+
+
+random_valid_action = random_action  # the name the tiny-model builder and older tests use
 
 
 def oracle_action(env: BabyAITextEnv) -> str:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+# Task ids are integer seeds. Seeds at or above this offset belong to an environment's fixed eval
+# split, seeds below it to its train split; each environment maps a seed to one of its tasks.
+EVAL_SEED_OFFSET = 1_000_000
+MAX_ACTION_CHARS = 2_000  # no action in any env is longer; longer text is invalid without parsing
+_ACTION_RE = re.compile(r"action\s*:", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,3 +43,29 @@ class TextEnv(Protocol):
     def step(self, action: str) -> StepResult: ...
 
     def close(self) -> None: ...
+
+
+def task_split(seed: int | None) -> tuple[str, int]:
+    """("train" | "eval", index within that split) for a task seed (None counts as train 0)."""
+    seed = 0 if seed is None else int(seed)
+    if seed < 0:
+        raise ValueError(f"task seeds are >= 0, got {seed}")
+    return ("eval", seed - EVAL_SEED_OFFSET) if seed >= EVAL_SEED_OFFSET else ("train", seed)
+
+
+def parse_agentgym_action(text: str) -> str:
+    """The action in an AgentGym-style reply ("Thought: ... Action: <action>"). Never raises.
+
+    Takes the rest of the line after the last "Action:"; with no "Action:" anywhere, the first
+    non-empty line. Whitespace is collapsed; case is kept (envs normalise as they need).
+    """
+    if not isinstance(text, str):
+        return ""
+    text = text[: MAX_ACTION_CHARS * 4]  # a runaway generation costs nothing to parse
+    marks = list(_ACTION_RE.finditer(text))
+    if marks:
+        rest = text[marks[-1].end() :].lstrip()
+        line = rest.splitlines()[0] if rest else ""
+    else:
+        line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    return " ".join(line[:MAX_ACTION_CHARS].split())

@@ -6,6 +6,7 @@ pool, the agent loop and the tiny-model builder agree on them.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,14 +25,28 @@ class EnvSpec:
     format_action: Callable[[str], str]
 
 
-def _babyai() -> EnvSpec:
-    from envpool import babyai
+def _from_module(name: str, module: str, factory: str) -> Callable[[], EnvSpec]:
+    """A lazy spec: the env's module (and its heavy imports) load only when the env is used.
 
-    return EnvSpec("babyai", babyai.BabyAITextEnv, babyai.SYSTEM_PROMPT, babyai.parse_action,
-                   babyai.format_action)
+    Each env module defines `SYSTEM_PROMPT`, `parse_action`, `format_action` and the factory.
+    """
+
+    def load() -> EnvSpec:
+        mod = importlib.import_module(module)
+        return EnvSpec(name, getattr(mod, factory), mod.SYSTEM_PROMPT, mod.parse_action,
+                       mod.format_action)
+
+    return load
 
 
-_SPECS: dict[str, Callable[[], EnvSpec]] = {"babyai": _babyai}
+_SPECS: dict[str, Callable[[], EnvSpec]] = {
+    "babyai": _from_module("babyai", "envpool.babyai", "BabyAITextEnv"),
+    "textcraft": _from_module("textcraft", "envpool.textcraft", "TextCraftEnv"),
+    "sciworld": _from_module("sciworld", "envpool.sciworld", "SciWorldEnv"),
+    "deepsearch": _from_module("deepsearch", "envpool.deepsearch", "DeepSearchEnv"),
+    # Any AgentGym env server (WebArena, WebShop, SearchQA, or `horizonrl env-server`).
+    "agentgym": _from_module("agentgym", "envpool.agentgym_http", "AgentGymHTTPEnv"),
+}
 
 
 def env_names() -> list[str]:

@@ -13,7 +13,7 @@ from envpool.babyai import (
     parse_action,
     random_valid_action,
 )
-from envpool.base import StepResult, TextEnv
+from envpool.base import MAX_ACTION_CHARS, StepResult, TextEnv
 
 EVAL_SEEDS = range(10_000, 10_030)  # 30 seeds, away from the small ones other tests scan
 INFO_KEYS = {"invalid_action", "success", "available_actions", "primitive_steps", "mission"}
@@ -224,7 +224,9 @@ def test_step_normalises_the_action():
         ("action:move forward", "move forward"),
         ("", ""),
         ("\n \n", ""),
-        ("x" * 1_000_000, "x" * 400),
+        ("Thought: the ball is ahead.\nAction: move forward", "move forward"),
+        ("Thought: left. Action: turn left. Action: go to red ball 1\n", "go to red ball 1"),
+        ("x" * 1_000_000, "x" * MAX_ACTION_CHARS),
     ],
 )
 def test_parse_action(text, expected):
