@@ -31,21 +31,24 @@ class Task:
 
     task_id: str
     seed: int
+    env: str | None = None  # the env label (EnvConfig.key); None: the generator's first env
 
 
 class GeneratorActor:
     """Rollout worker: engine + env pool + gRPC sender. Thin; the logic is in AgentLoop."""
 
-    def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str, env_pool: EnvPool,
-                 ingest_address: str, seed: int, policy_version: int = 0,
-                 ingest_token: str | None = None, engine: Engine | None = None) -> None:
-        
+    def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str,
+                 env_pools: Sequence[EnvPool], ingest_address: str, seed: int,
+                 policy_version: int = 0, ingest_token: str | None = None,
+                 engine: Engine | None = None) -> None:
         from actors.transport import TrajectorySender
 
         self.name = name
         self.cfg = cfg
-        self.pool = env_pool
-        self.spec = env_spec(env_pool.cfg.name)
+        # One pool per env of the run, by label; the first is the default for unlabelled tasks.
+        self.pools = {p.cfg.key: p for p in env_pools}
+        self.specs = {key: env_spec(p.cfg.name) for key, p in self.pools.items()}
+        self.default_env = next(iter(self.pools))
         self.chat = ChatFormat(load_tokenizer(model_path))
         if engine is None:
             from actors.engine import VLLMEngine
@@ -61,7 +64,8 @@ class GeneratorActor:
         self.horizon: int | None = None
         self.horizon_version = -1
         self._weights_dir = tempfile.mkdtemp(prefix=f"horizonrl-{name}-weights-")
-        self.pool.wait_ready()
+        for pool in self.pools.values():
+            pool.wait_ready()
 
     # -- control -----------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -69,7 +73,14 @@ class GeneratorActor:
 
     def health(self) -> dict[str, Any]:
         return {"name": self.name, "pid": os.getpid(), "policy_version": self.policy_version,
-                "horizon": self.horizon, "env_restarts": self.pool.restarts}
+                "horizon": self.horizon, "env_restarts": self.env_restarts()}
+
+    def env_restarts(self) -> int:
+        return sum(p.restarts for p in self.pools.values())
+
+    def env_stats(self) -> dict[str, dict[str, float]]:
+        """Pool counters per env label (steps, latency, restarts, errors)."""
+        return {key: p.stats() for key, p in self.pools.items()}
 
     def set_horizon(self, horizon: int, version: int) -> None:
         """Applies from the next episode on; a stale broadcast (older version) is ignored."""
@@ -101,20 +112,26 @@ class GeneratorActor:
         horizon, version = self.horizon, self.policy_version
         loops, meta = [], []
         for task in tasks:
+            spec = self.specs[task.env or self.default_env]
             for k in range(group_size):
                 loops.append(AgentLoop(
-                    chat=self.chat, system_prompt=self.spec.system_prompt,
-                    parse_action=self.spec.parse_action, horizon=horizon,
+                    chat=self.chat, system_prompt=spec.system_prompt,
+                    parse_action=spec.parse_action, horizon=horizon,
                     max_context_tokens=self.cfg.max_context_tokens,
                     max_tokens_per_turn=self.cfg.max_tokens_per_turn))
                 meta.append((task, k))
-        slots = self.pool.acquire(len(loops))
+        envs = [task.env or self.default_env for task, _ in meta]
+        slots: list[Any] = [None] * len(loops)
         timing = {"generate": 0.0, "env": 0.0, "transport": 0.0}
         counts = {"generated_tokens": 0, "env_steps": 0}
         sent: list[str] = []
         try:
+            for key, idx in _by_env(envs, range(len(loops))).items():
+                for i, slot in zip(idx, self.pools[key].acquire(len(idx))):
+                    slots[i] = slot
             t0 = time.perf_counter()
-            firsts = self.pool.reset(slots, [task.seed for task, _ in meta])
+            firsts = self._pool_call("reset", envs, slots, range(len(loops)),
+                                     [task.seed for task, _ in meta])
             timing["env"] += time.perf_counter() - t0
             for loop, first in zip(loops, firsts):
                 if isinstance(first, EnvError):
@@ -126,15 +143,29 @@ class GeneratorActor:
             turn = 0
             while any(not loops[i].done for i in range(len(loops))) and turn < horizon:
                 live = [i for i in range(len(loops)) if not loops[i].done]
-                self._turn(loops, slots, live, step, turn, timing, counts)
+                self._turn(loops, envs, slots, live, timing, counts)
                 sent += self._push(loops, meta, live, step, version, timing)
                 turn += 1
         finally:
-            self.pool.release(slots)
+            for key, idx in _by_env(envs, range(len(loops))).items():
+                self.pools[key].release([slots[i] for i in idx if slots[i] is not None])
         return {"trajectory_ids": sent, "policy_version": version, "horizon": horizon,
-                "seconds": timing, "env_restarts": self.pool.restarts, **counts}
+                "seconds": timing, "env_restarts": self.env_restarts(),
+                "env_stats": self.env_stats(), **counts}
 
-    def _turn(self, loops: list[AgentLoop], slots: list, live: list[int], step: int, turn: int,
+    def _pool_call(self, method: str, envs: list[str], slots: list, idx: Sequence[int],
+                   args: Sequence[Any]) -> list[Any]:
+        """`pool.<method>(slots, args)` for episodes `idx`, one call per env; results in order."""
+        out: list[Any] = [None] * len(idx)
+        pos = {i: n for n, i in enumerate(idx)}
+        for key, sub in _by_env(envs, idx).items():
+            got = getattr(self.pools[key], method)([slots[i] for i in sub],
+                                                   [args[pos[i]] for i in sub])
+            for i, r in zip(sub, got):
+                out[pos[i]] = r
+        return out
+
+    def _turn(self, loops: list[AgentLoop], envs: list[str], slots: list, live: list[int],
               timing: dict[str, float], counts: dict[str, int]) -> None:
         """One lock-step turn for the live episodes: batched generate, then batched env step."""
         t0 = time.perf_counter()
@@ -144,7 +175,7 @@ class GeneratorActor:
         actions = [loops[i].add_model_turn(c) for i, c in zip(live, completions)]
         counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)
         t1 = time.perf_counter()
-        results = self.pool.step([slots[i] for i in live], actions)
+        results = self._pool_call("step", envs, slots, live, actions)
         timing["generate"] += t1 - t0
         timing["env"] += time.perf_counter() - t1
         counts["env_steps"] += len(live)
@@ -166,9 +197,17 @@ class GeneratorActor:
             trajs.append(loops[i].to_trajectory(
                 trajectory_id=f"{self.name}-s{step}-{task.task_id}-{k}-{uuid.uuid4().hex[:8]}",
                 group_id=f"s{step}-{task.task_id}", task_id=task.task_id,
-                env_name=self.spec.name, policy_version=version,
+                env_name=task.env or self.default_env, policy_version=version,
                 info={"generator": self.name, "seed": task.seed}))
         t0 = time.perf_counter()
         self.sender.send(trajs)
         timing["transport"] += time.perf_counter() - t0
         return [t.trajectory_id for t in trajs]
+
+
+def _by_env(envs: Sequence[str], idx: Sequence[int]) -> dict[str, list[int]]:
+    """Episode indices grouped by env label, in order."""
+    out: dict[str, list[int]] = {}
+    for i in idx:
+        out.setdefault(envs[i], []).append(i)
+    return out

@@ -1,4 +1,4 @@
-"""`horizonrl` command line: train, status, make-tiny-model."""
+"""`horizonrl` command line: train, status, make-tiny-model, env-server."""
 
 from __future__ import annotations
 
@@ -26,7 +26,43 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("out", help="output folder (save_pretrained format)")
     m.add_argument("--config", help="take env and model.tiny settings from this run config")
     m.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
+    e = sub.add_parser("env-server", help="serve an env over the AgentGym HTTP protocol")
+    e.add_argument("--env", required=True, help="registered env name, e.g. babyai")
+    e.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback "
+                   "only; the server has no authentication)")
+    e.add_argument("--port", type=int, required=True, help="TCP port (0: any free port; the "
+                   "printed URL says which)")
+    e.add_argument("--kwargs", default="{}", help='env constructor arguments as a JSON object, '
+                   'e.g. \'{"level": "BabyAI-GoToLocal-v0"}\'')
+    e.add_argument("--max-envs", type=int, default=256, help="envs open at once; /create "
+                   "answers 429 beyond")
     return p
+
+
+def env_server(args: argparse.Namespace) -> int:
+    from envpool.env_server import serve
+    from envpool.registry import env_names
+
+    if args.env not in env_names():
+        print(f"horizonrl: unknown env {args.env!r}; known: {', '.join(env_names())}",
+              file=sys.stderr)
+        return 2
+    try:
+        kwargs = json.loads(args.kwargs)
+    except json.JSONDecodeError as exc:
+        print(f"horizonrl: --kwargs is not JSON: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(kwargs, dict) or args.max_envs < 1:
+        print("horizonrl: --kwargs must be a JSON object and --max-envs >= 1", file=sys.stderr)
+        return 2
+    try:
+        serve(args.env, kwargs, host=args.host, port=args.port, max_envs=args.max_envs)
+    except KeyboardInterrupt:
+        pass
+    except (OSError, ValueError) as exc:  # port taken, env cannot be built
+        print(f"horizonrl: env-server: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def status(target: str) -> int:
@@ -59,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "status":
         return status(args.target)
+    if args.command == "env-server":
+        return env_server(args)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from actors.config import CurriculumConfig, GeneratorConfig
 from envpool.config import EnvConfig
@@ -95,9 +95,28 @@ class RunConfig(BaseModel):
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment and its pool.")
+    extra_envs: list[EnvConfig] = Field(
+        default_factory=list, description="More environments mixed into the run beside `env`: "
+        "each task is drawn from env i with probability weight_i / sum(weights); every GRPO "
+        "group stays within one env; metrics are labelled by env label. The tiny model (if "
+        "built) learns from `env`'s transcripts only.",
+    )
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="Rollout.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Horizon.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
+
+    @property
+    def envs(self) -> list[EnvConfig]:
+        """Every environment of the run, `env` first."""
+        return [self.env, *self.extra_envs]
+
+    @model_validator(mode="after")
+    def _unique_env_labels(self) -> RunConfig:
+        keys = [e.key for e in self.envs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"env labels must be unique across env and extra_envs, got {keys}; "
+                             "set `label` on envs that share a name")
+        return self
 
 
 class ConfigError(ValueError):

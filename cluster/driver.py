@@ -25,6 +25,7 @@ from cluster.config import RunConfig, dump_config
 from cluster.metrics import MetricsLogger
 from cluster.models import ensure_model
 from cluster.prometheus import PrometheusExporter, repeated_action_rate
+from envpool.base import EVAL_SEED_OFFSET
 from envpool.pool import EnvPool
 from learner.group import LearnerGroup
 from learner.ingest import TrajectoryIngest, is_wildcard
@@ -41,10 +42,19 @@ def make_run_dir(cfg: RunConfig) -> Path:
 
 
 def sample_tasks(cfg: RunConfig, step: int) -> list[Task]:
-    """Training tasks for `step`: seeds below the eval split, reproducible from (seed, step)."""
+    """Training tasks for `step`: train-split seeds, each task's env drawn by the env weights;
+    reproducible from (seed, step). A single-env run draws the same seeds as before mixing."""
     rng = np.random.default_rng([cfg.seed, step])
-    seeds = rng.integers(0, cfg.env.eval_seed_offset, size=cfg.generator.tasks_per_step)
-    return [Task(task_id=f"{cfg.env.name}-{int(s)}", seed=int(s)) for s in seeds]
+    seeds = rng.integers(0, EVAL_SEED_OFFSET, size=cfg.generator.tasks_per_step)
+    envs = cfg.envs
+    if len(envs) == 1:
+        picks = np.zeros(len(seeds), dtype=int)
+    else:
+        w = np.array([e.weight for e in envs], dtype=float)
+        pick_rng = np.random.default_rng([cfg.seed, step, 1])
+        picks = pick_rng.choice(len(envs), len(seeds), p=w / w.sum())
+    return [Task(task_id=f"{envs[k].key}-{int(s)}", seed=int(s), env=envs[k].key)
+            for s, k in zip(seeds, picks)]
 
 
 def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -64,6 +74,22 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "failed_episodes": float(len(trajs) - len(ok)),
         "max_turns": float(max((t.num_turns for t in trajs), default=0)),
     }
+
+
+def env_metrics(cfg: RunConfig, trajs: Sequence[Trajectory],
+                outs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per env label: pool counters summed over generators, and (in multi-env runs) the rollout
+    metrics of that env's episodes."""
+    out: dict[str, dict[str, float]] = {}
+    for e in cfg.envs:
+        stats = [o["env_stats"][e.key] for o in outs if e.key in o.get("env_stats", {})]
+        pool = {k: float(sum(st[k] for st in stats)) for k in stats[0]} if stats else {}
+        if pool:
+            pool["call_latency_mean_s"] = pool["call_seconds"] / max(pool["calls"], 1.0)
+        out[e.key] = {f"pool_{k}": v for k, v in pool.items()}
+        if len(cfg.envs) > 1:
+            out[e.key].update(rollout_metrics([t for t in trajs if t.env_name == e.key]))
+    return out
 
 
 class Trainer:
@@ -105,7 +131,7 @@ class Trainer:
         self.exporter = None
         if cfg.metrics.enabled:
             self.exporter = PrometheusExporter(host=cfg.metrics.host, port=cfg.metrics.port,
-                                               run=cfg.name, env=cfg.env.name)
+                                               run=cfg.name, env="+".join(e.key for e in cfg.envs))
             (run_dir / "status.json").write_text(
                 json.dumps({"metrics_address": self.exporter.address}))
             print(f"[horizonrl] Prometheus metrics on http://{self.exporter.address}/metrics",
@@ -124,7 +150,8 @@ class Trainer:
         g = self.cfg.generator
         remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
         return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
-                             env_pool=EnvPool(self.cfg.env, name=f"gen{i}-envpool"),
+                             env_pools=[EnvPool(e, name=f"gen{i}-{e.key}")
+                                        for e in self.cfg.envs],
                              ingest_address=self.ingest_address,
                              ingest_token=self.ingest_token, seed=self.cfg.seed * 1000 + i,
                              policy_version=self.policy_version)
@@ -218,6 +245,7 @@ class Trainer:
              "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
              "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"]}
+        m["env"] = env_metrics(self.cfg, trajs, outs)
         if decision is not None:
             m["curriculum_decision"] = decision["reason"]
         flat = _flatten(m)

@@ -9,14 +9,15 @@ from cluster.config import RunConfig
 
 def placement_plan(cfg: RunConfig) -> list[tuple[str, int, dict[str, float]]]:
     """(role, count, resources per actor) for every actor the run starts."""
-    g, e, learner = cfg.generator, cfg.env, cfg.learner
+    g, learner = cfg.generator, cfg.learner
     gen = {"CPU": g.num_cpus, **({"GPU": g.num_gpus} if g.num_gpus else {})}
     ranks = {"CPU": learner.num_cpus_per_worker,
              **({"GPU": learner.num_gpus_per_worker} if learner.num_gpus_per_worker else {})}
+    envs = [(f"env actor ({e.key}, {e.replicas_per_actor} replicas)",
+             g.num_generators * e.num_actors, {"CPU": e.num_cpus_per_actor}) for e in cfg.envs]
     return [
         ("generator (vLLM + agent loops)", g.num_generators, gen),
-        (f"env actor ({e.name}, {e.replicas_per_actor} replicas)", g.num_generators * e.num_actors,
-         {"CPU": e.num_cpus_per_actor}),
+        *envs,
         (f"learner rank (DeepSpeed ZeRO-{learner.zero_stage})", learner.world_size, ranks),
         ("curriculum", 1, {}),
     ]

@@ -50,6 +50,9 @@ COUNTERS = {
     "env_restarts": "Environment actors restarted",
     "generator_restarts": "Generator actors restarted",
 }
+# Gauges also set per env (label env=<env label>) in multi-env runs.
+PER_ENV = ("reward_mean", "success_rate", "turns_mean", "truncation_at_horizon_rate",
+           "invalid_action_rate", "repeated_action_rate")
 PHASES = ("generate", "env", "transport", "learn", "weight_sync", "iteration")
 
 
@@ -92,6 +95,11 @@ class PrometheusExporter:
         for k, (_, key) in GAUGES.items():
             if isinstance(values.get(key), (int, float)):
                 self.gauges[k].labels(**self.labels).set(values[key])
+        for env in {k.split("/")[1] for k in m if k.startswith("env/") and k.count("/") == 2}:
+            for k in PER_ENV:
+                v = m.get(f"env/{env}/{GAUGES[k][1]}")
+                if isinstance(v, (int, float)):
+                    self.gauges[k].labels(run=self.labels["run"], env=env).set(v)
         for phase in PHASES:
             self.phase.labels(**self.labels, phase=phase).set(m.get(f"seconds/{phase}", 0.0))
         for t in trajs:

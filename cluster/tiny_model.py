@@ -35,7 +35,7 @@ def random_transcripts(
         obs, info = env.reset(seed=10_000_000 + seed * 100_000 + ep)  # disjoint from RL task seeds
         messages = [("system", spec.system_prompt), ("user", obs)]
         for _ in range(rng.randint(1, max_turns)):
-            action = rng.choice(info["available_actions"])
+            action = spec.random_action(info, rng)
             res = env.step(action)
             messages += [("assistant", spec.format_action(action)), ("user", res.observation)]
             info = res.info

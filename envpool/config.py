@@ -28,10 +28,23 @@ class EnvConfig(BaseModel):
         60.0, gt=0, description="Deadline for one batched reset/step call to an env actor; a "
         "call past it fails its episodes with failure=timeout and the actor is restarted.",
     )
-    eval_seed_offset: int = Field(
-        1_000_000, ge=1, description="Task seeds at or above this belong to the eval split; "
-        "training tasks are drawn below it.",
+    recycle_every_episodes: int = Field(
+        0, ge=0, description="Close and rebuild a replica after this many episodes, to bound "
+        "the memory of envs that leak (SciWorld's JVM); 0 never recycles.",
     )
+    label: str | None = Field(
+        None, description="Name of this env in task ids and metrics (default: `name`); set it "
+        "when a run mixes two configurations of the same env.",
+    )
+    weight: float = Field(
+        1.0, gt=0, description="Sampling weight of this env's tasks in a multi-env run "
+        "(see `extra_envs`); groups never mix envs.",
+    )
+
+    @property
+    def key(self) -> str:
+        """The label used in task ids and metrics."""
+        return self.label or self.name
 
     @field_validator("name")
     @classmethod

