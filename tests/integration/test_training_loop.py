@@ -78,3 +78,26 @@ def test_two_iterations_end_to_end(cfg):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1]
     assert (run_dir / "config.yaml").exists()
+
+
+def test_one_iteration_mixing_two_envs(cfg):
+    """A run with extra_envs: each group stays in one env, metrics come per env label."""
+    from cluster.driver import Trainer, make_run_dir, sample_tasks
+    from cluster.runtime import ray_session
+
+    mixed = cfg.model_copy(update={"iterations": 1, "extra_envs": [
+        cfg.env.model_copy(update={"name": "deepsearch", "kwargs": {"hops": [1]}})]})
+    assert {t.env for t in sample_tasks(mixed, 0)} == {"babyai", "deepsearch"}
+    with ray_session(mixed.ray), Trainer(mixed, run_dir=make_run_dir(mixed)) as trainer:
+        m = trainer.step()
+        trajs = trainer.last_trajectories
+    groups: dict[str, set[str]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, set()).add(t.env_name)
+        assert t.task_id.startswith(t.env_name + "-")
+    assert all(len(envs) == 1 for envs in groups.values())
+    assert {t.env_name for t in trajs} == {"babyai", "deepsearch"}
+    assert m["trajectories_generated"] == m["trajectories_ingested"] == len(trajs)
+    for env in ("babyai", "deepsearch"):
+        assert m["env"][env]["pool_steps"] > 0
+        assert 0.0 <= m["env"][env]["success_rate"] <= 1.0

@@ -44,3 +44,31 @@ def test_every_field_has_a_description():
                 walk(ann)
 
     walk(RunConfig)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.envs[0] is cfg.env
+
+
+def test_multi_env_labels_must_be_unique():
+    with pytest.raises(ConfigError, match="labels must be unique"):
+        load_config(None, ["extra_envs=[{name: babyai}]"])
+    cfg = load_config(None, ["extra_envs=[{name: babyai, label: babyai-pickup, weight: 3}]"])
+    assert [e.key for e in cfg.envs] == ["babyai", "babyai-pickup"]
+
+
+def test_tasks_are_drawn_by_env_weight_and_reproducibly():
+    from cluster.driver import sample_tasks
+    from envpool.base import EVAL_SEED_OFFSET
+
+    cfg = load_config(None, ["generator.tasks_per_step=400",
+                             "extra_envs=[{name: textcraft, weight: 3}]"])
+    tasks = sample_tasks(cfg, step=5)
+    share = sum(t.env == "textcraft" for t in tasks) / len(tasks)
+    assert 0.68 < share < 0.82  # weight 3 of 4
+    assert all(t.task_id == f"{t.env}-{t.seed}" and t.seed < EVAL_SEED_OFFSET for t in tasks)
+    assert sample_tasks(cfg, step=5) == tasks and sample_tasks(cfg, step=6) != tasks
+    single = load_config(None, ["generator.tasks_per_step=400"])
+    assert {t.env for t in sample_tasks(single, step=5)} == {"babyai"}
