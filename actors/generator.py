@@ -110,6 +110,8 @@ class GeneratorActor:
         if self.horizon is None:
             raise RuntimeError(f"{self.name}: no horizon yet; register with the curriculum first")
         horizon, version = self.horizon, self.policy_version
+        for pool in self.pools.values():  # replace env actors that died since the last rollout
+            pool.heal()
         loops, meta = [], []
         for task in tasks:
             spec = self.specs[task.env or self.default_env]

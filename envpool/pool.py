@@ -224,6 +224,23 @@ class EnvPool:
         self.epochs[actor] += 1
         self.restarts += 1
 
+    def heal(self, timeout_s: float | None = None) -> int:
+        """Health-check every actor (a `ready` ping under a deadline) and replace the ones that
+        are dead or hung, so an idle actor that died between rollouts fails no episode.
+        Returns how many were replaced. Call it only while no slot is lent out."""
+        import ray
+
+        refs = [a.ready.remote() for a in self.actors]
+        replaced = 0
+        deadline = time.monotonic() + (timeout_s or self.cfg.call_timeout_s)
+        for i, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+                self._restart(i, kill=True)
+                replaced += 1
+        return replaced
+
     def health(self) -> list[dict[str, Any] | str]:
         import ray
 

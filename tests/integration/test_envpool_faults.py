@@ -16,6 +16,14 @@ from envpool.pool import EnvError, EnvPool
 pytestmark = pytest.mark.integration
 
 
+def _sigkill(pid: int) -> None:
+    """Kill a process and wait (bounded) until it is gone, so later calls cannot race it."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_killed_replica_actor_fails_its_episode_then_heals():
     import ray
 
@@ -31,11 +39,7 @@ def test_killed_replica_actor_fails_its_episode_then_heals():
 
         # The replica's process dies mid-episode (SIGKILL, then wait until it is gone, so the
         # step below cannot race the kill).
-        pid = ray.get(pool.actors[a.actor].health.remote())["pid"]
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while psutil.pid_exists(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _sigkill(ray.get(pool.actors[a.actor].health.remote())["pid"])
         ra, rb = pool.step([a, b], ["turn left", "turn left"])
         assert isinstance(ra, EnvError) and ra.kind == "env_error"
         assert not isinstance(rb, EnvError) and not rb.info["invalid_action"]
@@ -50,6 +54,15 @@ def test_killed_replica_actor_fails_its_episode_then_heals():
         assert all(not isinstance(r, EnvError) for r in results)
         assert all(not isinstance(r, EnvError) for r in pool.step(fresh, ["turn right"] * 2))
         assert all(isinstance(h, dict) for h in pool.health())
+        pool.release(fresh)
+
+        # An idle actor that dies between rollouts is found by the health check and replaced
+        # before any episode is lent to it.
+        _sigkill(ray.get(pool.actors[0].health.remote())["pid"])
+        assert pool.heal() == 1 and pool.heal() == 0
+        slots = pool.acquire(2)
+        assert all(not isinstance(r, EnvError) for r in pool.reset(slots, [7, 8]))
+        assert pool.stats()["errors_env_error"] == 2  # only the two episodes hit earlier
 
 
 def test_hung_step_is_cut_by_the_timeout():
