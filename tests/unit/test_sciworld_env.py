@@ -77,7 +77,8 @@ def test_protocol_reset_and_info(env):
     assert info["score"] == 0 and info["steps"] == 0
     assert not info["success"] and not info["invalid_action"] and not info["failed"]
     assert (info["task"], info["variation"]) == env.splits["train"][HALLWAY_SEED]
-    assert len(env.process_ids()) == 1
+    (pid,) = env.process_ids()
+    assert b"-Xmx512m" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
 
 
 def test_seeds_are_deterministic_and_splits_disjoint(env):
@@ -145,7 +146,9 @@ def test_ambiguous_command_asks_for_a_number(env):
     env.valid_actions = True
     try:
         asked = env.step("look at door")
-        assert asked.observation.startswith("Ambiguous request") and not asked.info["invalid_action"]
+        assert (
+            asked.observation.startswith("Ambiguous request") and not asked.info["invalid_action"]
+        )
         assert asked.info["available_actions"] == [str(i) for i in range(6)]  # six doors
         answered = env.step("1")
         assert not answered.info["invalid_action"] and "door" in answered.observation
@@ -316,4 +319,5 @@ def test_jvm_rss_grows_until_recycled():
     print(f"JVM RSS MB: start {start}, over 30 episodes {series}, peak {max(series)}; "
           f"after close() and a new env: {again}")  # fmt: skip
     assert max(series) > start + 32
-    assert again < max(series) and again <= start * 1.25 + 32
+    # RSS right after a reset varies by ~80 MB with GC timing (seen 215-290 MB).
+    assert again < max(series) and again <= start + 128
