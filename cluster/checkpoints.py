@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE = "trainer_state.json"
+LEARNER_DIR = "learner"  # DeepSpeed model/optimizer/scheduler partitions + per-rank RNG
+PROBE_FILE = "logprob_probe.json"
+# A fixed token sequence whose logprobs the learner records at every checkpoint, so an exported
+# model can be checked against the learner that wrote it (any ids below the tiny vocab work).
+PROBE_IDS = [3, 17, 42, 101, 7, 256, 12, 99, 5, 64, 300, 8, 150, 21, 77, 9]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,7 @@ class ResumeState:
     policy_version: int
     curriculum: dict[str, Any]
     base_model_path: str
+    learner: dict[str, Any] | None = None  # world_size, zero_stage, algorithm of the saver
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -57,7 +63,8 @@ def load_resume(checkpoint: Path) -> ResumeState:
     state = json.loads((checkpoint / STATE_FILE).read_text())
     return ResumeState(run_dir=checkpoint.parent.parent, checkpoint=checkpoint,
                        step=int(state["step"]), policy_version=int(state["policy_version"]),
-                       curriculum=state["curriculum"], base_model_path=state["base_model_path"])
+                       curriculum=state["curriculum"], base_model_path=state["base_model_path"],
+                       learner=state.get("learner"))
 
 
 def write_state(folder: Path, state: dict[str, Any]) -> None:
@@ -71,3 +78,19 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
         keep = [line for line in path.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] < step]
         path.write_text("".join(f"{line}\n" for line in keep))
+
+
+def write_probe(folder: Path, ids: list[int], logprobs: list[float]) -> None:
+    (folder / PROBE_FILE).write_text(json.dumps({"input_ids": ids, "logprobs": logprobs}))
+
+
+def prune_checkpoints(run_dir: Path, *, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints; returns what was deleted."""
+    import shutil
+
+    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step_*")
+                   if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE_FILE).exists())
+    gone = ckpts[:-keep] if keep > 0 else []
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone

@@ -26,6 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("out", help="output folder (save_pretrained format)")
     m.add_argument("--config", help="take env and model.tiny settings from this run config")
     m.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
+    x = sub.add_parser("export-hf", help="write a checkpoint as a save_pretrained folder "
+                       "(transformers, vLLM) and check it against the learner's logprobs")
+    x.add_argument("source", help="a run folder (its newest checkpoint) or a checkpoint folder")
+    x.add_argument("out", help="output folder (must be new or empty)")
     e = sub.add_parser("env-server", help="serve an env over the AgentGym HTTP protocol")
     e.add_argument("--env", required=True, help="registered env name, e.g. babyai")
     e.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback "
@@ -65,6 +69,19 @@ def env_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(source: str, out: str) -> int:
+    from cluster.export import PROBE_TOL, export_hf
+
+    try:
+        ckpt, diff = export_hf(source, out)
+    except (FileNotFoundError, FileExistsError) as exc:
+        print(f"horizonrl: export-hf: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {ckpt} -> {out}; transformers vs learner logprobs on the probe: max diff "
+          f"{diff:.2e} ({'ok' if diff < PROBE_TOL else 'MISMATCH'})")
+    return 0 if diff < PROBE_TOL else 1
+
+
 def status(target: str) -> int:
     from cluster.prometheus import read_status
 
@@ -97,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return status(args.target)
     if args.command == "env-server":
         return env_server(args)
+    if args.command == "export-hf":
+        return export(args.source, args.out)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:

@@ -91,6 +91,10 @@ class RunConfig(BaseModel):
     checkpoint_every: int = Field(
         20, ge=0, description="Save a checkpoint every N steps (0: at the end only)."
     )
+    keep_checkpoints: int = Field(
+        3, ge=1, description="Keep the newest K checkpoints of the run; older ones are deleted "
+        "after a new one is complete."
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Starting checkpoint.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus.")

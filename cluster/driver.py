@@ -20,7 +20,14 @@ import numpy as np
 from actors.chat import load_tokenizer
 from actors.curriculum import CurriculumActor
 from actors.generator import GeneratorActor, Task
-from cluster.checkpoints import ResumeState, write_state
+from cluster.checkpoints import (
+    LEARNER_DIR,
+    PROBE_IDS,
+    ResumeState,
+    prune_checkpoints,
+    write_probe,
+    write_state,
+)
 from cluster.config import RunConfig, dump_config
 from cluster.metrics import MetricsLogger
 from cluster.models import ensure_model
@@ -125,6 +132,8 @@ class Trainer:
         self.learner = LearnerGroup(cfg.learner, model_path=self.model_path,
                                     ref_model_path=self.base_model_path,
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
+        if resume:
+            self._restore_learner(resume)
         self.weights = ObjectStoreWeightSync(self.learner, self.generators)
         self.metrics = MetricsLogger(
             run_dir, wandb_config=cfg.model_dump(mode="json") if cfg.metrics.wandb else None)
@@ -256,22 +265,44 @@ class Trainer:
         return m
 
     def save_checkpoint(self) -> Path:
-        """HF model + tokenizer + driver/curriculum state under checkpoints/step_N."""
+        """HF model + tokenizer, the learner's optimizer/scheduler/RNG state, the driver and
+        curriculum state and a logprob probe, under checkpoints/step_N (renamed into place only
+        when complete); then only the newest `keep_checkpoints` are kept."""
         import ray
 
         path = self.run_dir / "checkpoints" / f"step_{self.step_count:06d}"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         self.learner.save_hf(tmp)
+        self.learner.save_checkpoint(tmp / LEARNER_DIR)
         for f in Path(self.base_model_path).glob("tokenizer*"):
             shutil.copy(f, tmp / f.name)
+        write_probe(tmp, PROBE_IDS, self.learner.score([PROBE_IDS])[0])
         write_state(tmp, {"step": self.step_count, "policy_version": self.policy_version,
                           "curriculum": ray.get(self.curriculum.get_state.remote()),
-                          "base_model_path": self.base_model_path})
+                          "base_model_path": self.base_model_path,
+                          "learner": {"world_size": self.cfg.learner.world_size,
+                                      "zero_stage": self.cfg.learner.zero_stage,
+                                      "algorithm": self.cfg.learner.algorithm}})
         if path.exists():  # the same step saved again (a resumed run that had finished)
             shutil.rmtree(path)
         tmp.rename(path)  # a checkpoint folder without .tmp is complete
+        prune_checkpoints(self.run_dir, keep=self.cfg.keep_checkpoints)
         return path
+
+    def _restore_learner(self, resume: ResumeState) -> None:
+        """Optimizer, scheduler and RNG from the checkpoint; a checkpoint from another world
+        size, ZeRO stage or algorithm (or one without learner state) resumes weights only."""
+        saved = resume.learner
+        want = {"world_size": self.cfg.learner.world_size,
+                "zero_stage": self.cfg.learner.zero_stage,
+                "algorithm": self.cfg.learner.algorithm}
+        state_dir = resume.checkpoint / LEARNER_DIR
+        if saved != want or not state_dir.is_dir():
+            print(f"[horizonrl] WARNING: {resume.checkpoint} has learner state {saved}, this run "
+                  f"is {want}: resuming the weights with a fresh optimizer", flush=True)
+            return
+        self.learner.load_checkpoint(state_dir)
 
     def close(self) -> None:
         if self.exporter is not None:

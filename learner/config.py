@@ -26,11 +26,50 @@ class IngestConfig(BaseModel):
 
 
 class LearnerConfig(BaseModel):
-    """DeepSpeed ZeRO learner group running GRPO."""
+    """DeepSpeed ZeRO learner group: GRPO, RLOO, REINFORCE++ or PPO (critic + GAE)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: Literal["grpo"] = Field("grpo", description="Policy-gradient algorithm.")
+    algorithm: Literal["grpo", "rloo", "reinforce_pp", "ppo"] = Field(
+        "grpo", description="grpo: group-normalised outcome advantage; rloo: leave-one-out "
+        "baseline; reinforce_pp: batch-normalised discounted returns (REINFORCE++); ppo: a "
+        "critic and GAE over the multi-turn sequence (env tokens skipped)."
+    )
+    reinforce_pp_baseline: bool = Field(
+        False, description="REINFORCE++: subtract the group's mean return first (the "
+        "'with baseline' variant)."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount per model token (REINFORCE++, "
+                         "PPO); env tokens cost no discount step.")
+    lam: float = Field(1.0, ge=0, le=1, description="PPO: GAE lambda.")
+    critic_lr: float = Field(1e-3, gt=0, description="PPO: critic learning rate (AdamW).")
+    value_clip: float = Field(0.2, gt=0, description="PPO: clip of the value update around "
+                              "the old values.")
+    critic_warmup_steps: int = Field(0, ge=0, description="PPO: updates that train only the "
+                                     "critic before the policy moves.")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip PPO bound c for "
+                                    "negative advantages (3.0 usual); unset: plain clipping.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="How per-token losses become a scalar (see "
+        "learner.algorithms.aggregate).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    kl_in_reward: bool = Field(
+        False, description="PPO: subtract kl_coef * KL(behaviour || ref) from the per-token "
+        "rewards instead of adding a KL loss term.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After warm-up: constant, or cosine decay to min_lr_ratio * lr "
+        "over lr_decay_steps.")
+    lr_decay_steps: int = Field(1000, ge=1, description="Cosine: optimizer steps to decay over.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine: final lr / peak lr.")
+    micro_batch_tokens: int = Field(
+        0, ge=0, description="Split each minibatch into micro-batches of at most this many "
+        "padded tokens (gradient accumulation); 0: one micro-batch per minibatch.")
+    dynamic_sampling: bool = Field(
+        False, description="Keep sampling more task groups until the batch holds "
+        "tasks_per_step groups with reward variance (DAPO-style); bounded by "
+        "max_sampling_rounds, reported in metrics.")
+    max_sampling_rounds: int = Field(3, ge=1, description="Dynamic sampling: most rollout "
+                                     "rounds per iteration.")
     world_size: int = Field(2, ge=1, description="LearnerWorker ranks (one Ray actor each).")
     num_cpus_per_worker: float = Field(0.5, gt=0, description="Logical CPUs Ray reserves per rank.")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs per rank (0 on CPU).")

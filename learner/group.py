@@ -31,6 +31,15 @@ def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
     return pg
 
 
+def groups_with_signal(trajs: Sequence[Trajectory]) -> list[str]:
+    """Group ids whose valid episodes do not all have the same reward, in order."""
+    rewards: dict[str, set[float]] = {}
+    for t, ok in zip(trajs, valid_mask(trajs)):
+        if ok:
+            rewards.setdefault(t.group_id, set()).add(round(float(t.reward), 9))
+    return [g for g, r in rewards.items() if len(r) > 1]
+
+
 class LearnerGroup:
     """`world_size` LearnerWorker actors on one placement group."""
 
@@ -58,39 +67,70 @@ class LearnerGroup:
         ray.get([w.setup.remote(addr, port) for w in self.workers])
 
     def advantages(self, trajs: Sequence[Trajectory]) -> np.ndarray:
+        """Per-episode advantages for the outcome-level algorithms (GRPO, RLOO); zeros for
+        the token-level ones, whose advantages are computed on the padded batch."""
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-        return alg.grpo_advantages(
-            rewards, torch.from_numpy(group_index(trajs)), torch.from_numpy(valid_mask(trajs)),
-            norm_by_std=self.cfg.norm_adv_by_std).numpy()
+        groups = torch.from_numpy(group_index(trajs))
+        valid = torch.from_numpy(valid_mask(trajs))
+        if self.cfg.algorithm == "grpo":
+            adv = alg.grpo_advantages(rewards, groups, valid, norm_by_std=self.cfg.norm_adv_by_std)
+        elif self.cfg.algorithm == "rloo":
+            adv = alg.rloo_advantages(rewards, groups, valid)
+        else:
+            adv = torch.zeros_like(rewards)
+        return adv.numpy()
 
-    def select(self, trajs: Sequence[Trajectory], adv: np.ndarray) -> list[int]:
-        """Indices that carry signal: valid episodes of groups whose rewards differ."""
+    def select(self, trajs: Sequence[Trajectory]) -> list[int]:
+        """Indices to train on: valid episodes, without zero-variance groups when skipping is
+        on and the algorithm's advantage of such a group is 0 (GRPO, RLOO, REINFORCE++ with
+        the group baseline); PPO and plain REINFORCE++ still learn from them."""
         valid = valid_mask(trajs)
-        if not self.cfg.skip_zero_variance_groups:
+        a = self.cfg.algorithm
+        outcome_only = a in ("grpo", "rloo") or (a == "reinforce_pp" and
+                                                 self.cfg.reinforce_pp_baseline)
+        if not (self.cfg.skip_zero_variance_groups and outcome_only):
             return [i for i in range(len(trajs)) if valid[i]]
-        groups = group_index(trajs)
-        keep = {g for g in set(groups.tolist()) if np.any(adv[(groups == g) & valid] != 0)}
-        return [i for i in range(len(trajs)) if valid[i] and groups[i] in keep]
+        keep = set(groups_with_signal(trajs))
+        return [i for i in range(len(trajs)) if valid[i] and trajs[i].group_id in keep]
 
     def train(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """One policy update on whole groups; an update with too few rows is skipped."""
         import ray
 
         adv = self.advantages(trajs)
-        idx = self.select(trajs, adv)
+        idx = self.select(trajs)
         need = self.cfg.world_size * self.cfg.minibatches
         stats = {"groups_kept": float(len({trajs[i].group_id for i in idx})),
                  "rows_trained": float(len(idx)), "skipped_update": 0.0}
         if len(idx) < need:
             stats["skipped_update"] = 1.0
             return stats
-        batch = pad_batch([trajs[i] for i in idx], adv[idx], pad_id=self.pad_id)
+        kept = [trajs[i] for i in idx]
+        batch = pad_batch(kept, adv[idx], pad_id=self.pad_id)
+        if self.cfg.algorithm == "reinforce_pp":
+            batch["advantages"] = alg.reinforce_pp_advantages(
+                torch.from_numpy(batch["token_rewards"]), torch.from_numpy(batch["loss_mask"]),
+                gamma=self.cfg.gamma, baseline="group" if self.cfg.reinforce_pp_baseline else None,
+                groups=torch.from_numpy(group_index(kept))).numpy()
         shards = split_rows(batch, self.cfg.world_size)
         results = ray.get([w.train.remote(s) for w, s in zip(self.workers, shards)])
         for k in results[0]:
             stats[k] = float(np.mean([r[k] for r in results]))
-        stats["adv_abs_mean"] = float(np.abs(adv[idx]).mean())
+        mask = batch["loss_mask"] > 0
+        stats["adv_abs_mean"] = float(np.abs(batch["advantages"][mask]).mean())
+        stats["adv_mean"] = float(batch["advantages"][mask].mean())
         return stats
+
+    def save_checkpoint(self, path: Any) -> None:
+        """Every rank writes its optimizer/model partition and RNG state under `path`."""
+        import ray
+
+        ray.get([w.save_checkpoint.remote(str(path)) for w in self.workers])
+
+    def load_checkpoint(self, path: Any) -> None:
+        import ray
+
+        ray.get([w.load_checkpoint.remote(str(path)) for w in self.workers])
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         import ray

@@ -1,31 +1,48 @@
-"""LearnerWorker: one DeepSpeed ZeRO rank holding the policy and a frozen reference model.
+"""LearnerWorker: one DeepSpeed ZeRO rank holding the policy, a frozen reference model and,
+for PPO, a critic engine.
 
 Plain class, made remote at the edge by `LearnerGroup`. Ranks meet over gloo on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from learner import algorithms as alg
-from learner.batch import split_rows, trim
+from learner.batch import micro_batch_count, micro_batches, split_rows, trim
 from learner.config import LearnerConfig
+from learner.objectives import policy_objective, value_objective, whiten
 
 
-def deepspeed_config(cfg: LearnerConfig, micro_batch: int) -> dict[str, Any]:
+def lr_factor(step: int, *, cfg: LearnerConfig) -> float:
+    """LR multiplier for optimizer step `step` (0-based): linear warm-up in which step k uses
+    (k+1)/warmup (DeepSpeed's WarmupLR gives the first update lr 0 and wastes it), then constant
+    or cosine decay to min_lr_ratio over lr_decay_steps."""
+    warmup = cfg.warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, cfg.lr_decay_steps - warmup))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def deepspeed_config(cfg: LearnerConfig, micro_batch: int, lr: float) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": cfg.grad_clip,
         # torch's AdamW: DeepSpeed's CPUAdam/FusedAdam JIT-compile for ~4 min each.
-        "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": cfg.weight_decay,
                                                   "torch_adam": True}},
         "zero_optimization": {"stage": cfg.zero_stage},
         "steps_per_print": 10**9,
@@ -34,7 +51,8 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch: int) -> dict[str, Any]:
 
 
 class LearnerWorker:
-    """One rank: forward/backward with DeepSpeed, GRPO loss, weights for the generators."""
+    """One rank: forward/backward with DeepSpeed, the policy (and value) objectives, weights
+    for the generators, checkpoints."""
 
     def __init__(self, *, rank: int, world_size: int, cfg: LearnerConfig, model_path: str,
                  seed: int, ref_model_path: str | None = None) -> None:
@@ -83,17 +101,22 @@ class LearnerWorker:
             self.ref.eval().requires_grad_(False)
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=deepspeed_config(cfg, micro_batch=1), lr_scheduler=self._schedule)
+            config=deepspeed_config(cfg, micro_batch=1, lr=cfg.lr), lr_scheduler=self._schedule)
+        self.critic = None
+        if cfg.algorithm == "ppo":  # the critic is its own engine: own optimizer, own lr
+            from learner.critic import ValueModel
+
+            value_model = ValueModel(self.ref_model_path or self.model_path)
+            self.critic, *_ = deepspeed.initialize(
+                model=value_model, model_parameters=list(value_model.parameters()),
+                config=deepspeed_config(cfg, micro_batch=1, lr=cfg.critic_lr),
+                lr_scheduler=self._schedule)
         if self.ref is not None:
             self.ref.to(self.engine.device)
         return True
 
     def _schedule(self, optimizer: torch.optim.Optimizer) -> Any:
-        # Update k (0-based) uses lr * (k+1)/warmup: DeepSpeed's WarmupLR gives the first
-        # update lr 0, which wastes it (and with no warm-up at all, every other one too).
-        warmup = self.cfg.warmup_steps
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg=self.cfg))
 
     def ready(self) -> bool:
         return True
@@ -105,43 +128,98 @@ class LearnerWorker:
         """`epochs` x `minibatches` optimizer steps on this rank's shard; mean metrics."""
         t0 = time.perf_counter()
         self.engine.train()
+        if self.critic is not None:
+            shard = self._ppo_targets(shard)
         stats: dict[str, list[float]] = {}
         for _ in range(self.cfg.epochs):
             for mb in split_rows(shard, self.cfg.minibatches):
-                for k, v in self._step(trim(mb)).items():
+                for k, v in self._step(mb).items():
                     stats.setdefault(k, []).append(v)
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["learn_seconds"] = time.perf_counter() - t0
         return out
 
+    def _tensors(self, mb: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(v).to(self.engine.device) for k, v in mb.items()}
+
+    def _micro_count(self, mb: dict[str, np.ndarray]) -> int:
+        """Micro-batches for this minibatch, the same on every rank (ZeRO-3 gathers and the
+        boundary reduction are collective, so every rank must run as many passes)."""
+        import torch.distributed as dist
+
+        n = torch.tensor([micro_batch_count(mb, self.cfg.micro_batch_tokens)])
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n.item())
+
     def _step(self, mb: dict[str, np.ndarray]) -> dict[str, float]:
-        t = {k: torch.from_numpy(v).to(self.engine.device) for k, v in mb.items()}
-        # Rows are right-padded and attention is causal, so padding never reaches a real token:
-        # no attention mask, which keeps SDPA on its fast causal path.
-        logits = self.engine(input_ids=t["input_ids"]).logits
-        logp = alg.token_logprobs(logits, t["input_ids"])
-        mask = t["loss_mask"]
-        pg, clip_frac, ratio = alg.clipped_policy_loss(
-            logp, t["old_logprobs"], t["advantages"], mask, clip=self.cfg.clip_ratio)
-        loss, kl = pg, torch.zeros(())
-        if self.ref is not None:
-            with torch.no_grad():
-                ref_logits = self.ref(input_ids=t["input_ids"]).logits
-            kl = alg.masked_mean(alg.kl_penalty(
-                logp, alg.token_logprobs(ref_logits, t["input_ids"]), self.cfg.kl_estimator), mask)
-            loss = pg + self.cfg.kl_coef * kl
-        self.engine.backward(loss)
+        """One optimizer step (policy, and critic for PPO) over micro-batches of `mb`."""
+        micros = micro_batches(mb, self._micro_count(mb))
+        token_mean = self.cfg.loss_agg == "token-mean"
+        total = float(mb["loss_mask"].sum()) if token_mean else float(len(mb["input_ids"]))
+        train_policy = self.cfg.algorithm != "ppo" or self.updates >= self.cfg.critic_warmup_steps
+        stats: dict[str, float] = {}
+        for i, micro in enumerate(micros):
+            last = i == len(micros) - 1
+            if not micro:  # fewer rows than passes here: a zero-weight pass on the first row
+                micro, weight = trim({k: v[:1] for k, v in mb.items()}), 0.0
+            else:
+                share = float(micro["loss_mask"].sum()) if token_mean else len(micro["input_ids"])
+                weight = share / max(total, 1e-9)
+            t = self._tensors(micro)
+            self.engine.set_gradient_accumulation_boundary(last)
+            # Rows are right-padded and attention is causal, so padding never reaches a real
+            # token: no attention mask, which keeps SDPA on its fast causal path.
+            logits = self.engine(input_ids=t["input_ids"]).logits
+            ref_logp = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_logp = alg.token_logprobs(self.ref(input_ids=t["input_ids"]).logits,
+                                                  t["input_ids"])
+            loss, st = policy_objective(logits, t, self.cfg, ref_logprobs=ref_logp)
+            self.engine.backward(loss * (weight if train_policy else 0.0))
+            st["loss"] = loss.detach()
+            if self.critic is not None:
+                self.critic.set_gradient_accumulation_boundary(last)
+                vloss, vst = value_objective(self.critic(t["input_ids"]), t, self.cfg.value_clip)
+                self.critic.backward(vloss * weight)
+                st.update(vst)
+            for k, v in st.items():
+                stats[k] = stats.get(k, 0.0) + float(v) * weight
         self.engine.step()
+        if self.critic is not None:
+            self.critic.step()
         self.updates += 1
-        with torch.no_grad():
-            entropy = alg.masked_mean(alg.entropy_from_logits(logits.detach()), mask)
-            dev = ((ratio.detach() - 1).abs() * mask).max()
         grad_norm = self.engine.get_global_grad_norm()
-        return {"loss": loss.item(), "pg_loss": pg.item(), "kl": kl.item(),
-                "clip_frac": clip_frac.item(), "entropy": entropy.item(),
-                "ratio_max_dev": dev.item(),
-                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                "lr": float(self.engine.get_lr()[0])}
+        stats.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+                     lr=float(self.engine.get_lr()[0]), micro_batches=float(len(micros)))
+        return stats
+
+    @torch.no_grad()
+    def _ppo_targets(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Old values, GAE advantages (whitened over every rank's model tokens) and returns."""
+        import torch.distributed as dist
+
+        self.critic.eval()
+        t = self._tensors(shard)
+        mask, rewards = t["loss_mask"], t["token_rewards"].clone()
+        old_values = self.critic(t["input_ids"]) * mask
+        if self.cfg.kl_in_reward and self.ref is not None:
+            ref_logp = alg.token_logprobs(self.ref(input_ids=t["input_ids"]).logits,
+                                          t["input_ids"])
+            kl = alg.kl_penalty(t["old_logprobs"], ref_logp, "k1")
+            rewards = rewards - self.cfg.kl_coef * kl * mask
+        adv, returns = alg.gae_advantages(rewards, old_values, mask, gamma=self.cfg.gamma,
+                                          lam=self.cfg.lam)
+        sums = torch.stack([(adv * mask).sum(), (adv.square() * mask).sum(), mask.sum()])
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(sums)
+        self.critic.train()
+        out = dict(shard)
+        out["advantages"] = whiten(adv, mask, sums=sums).cpu().numpy()
+        out["returns"] = returns.cpu().numpy()
+        out["old_values"] = old_values.cpu().numpy()
+        return out
 
     @torch.no_grad()
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -170,6 +248,33 @@ class LearnerWorker:
         if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"].copy()
         return sd
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer and scheduler (ZeRO-partitioned, every rank writes its part) and this
+        rank's RNG states under `path`; every rank must call."""
+        import random
+
+        self.engine.save_checkpoint(os.path.join(path, "policy"), tag="state")
+        if self.critic is not None:
+            self.critic.save_checkpoint(os.path.join(path, "critic"), tag="state")
+        torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                    "python": random.getstate(), "updates": self.updates},
+                   os.path.join(path, f"rank{self.rank}_state.pt"))
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what `save_checkpoint` wrote (same world size and ZeRO stage)."""
+        import random
+
+        for engine, sub in ((self.engine, "policy"), (self.critic, "critic")):
+            if engine is not None:
+                loaded, _ = engine.load_checkpoint(os.path.join(path, sub), tag="state")
+                if loaded is None:
+                    raise FileNotFoundError(f"no {sub} checkpoint under {path}")
+        st = torch.load(os.path.join(path, f"rank{self.rank}_state.pt"), weights_only=False)
+        torch.set_rng_state(st["torch"])
+        np.random.set_state(st["numpy"])
+        random.setstate(st["python"])
+        self.updates = int(st["updates"])
 
     def save_hf(self, path: str) -> None:
         """Write a `save_pretrained` folder (rank 0; every rank must call, as above)."""

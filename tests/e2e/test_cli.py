@@ -62,3 +62,25 @@ def test_train_cli_writes_run_dir(tmp_path):
     state = json.loads((run_dir / "checkpoints/step_000002/trainer_state.json").read_text())
     assert state["policy_version"] == 2 and state["step"] == 2
     assert (run_dir / "checkpoints/step_000002/config.json").exists()
+
+    # export-hf: a plain save_pretrained folder that transformers (checked by the CLI against
+    # the learner's probe logprobs) and vLLM both load and agree on.
+    export = tmp_path / "export"
+    out = subprocess.run([*CLI, "export-hf", str(run_dir), str(export)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert not (export / "learner").exists() and (export / "tokenizer.json").exists()
+    probe = json.loads((run_dir / "checkpoints/step_000002/logprob_probe.json").read_text())
+    script = (
+        "import json, sys\n"
+        "from actors.engine import VLLMEngine\n"
+        f"e = VLLMEngine({str(export)!r}, seed=0, max_model_len=256, stop_token_ids=[0])\n"
+        f"print('LOGPROBS', json.dumps(e.score([{probe['input_ids']!r}])[0]))\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("LOGPROBS ")), None)
+    assert line is not None, out.stderr[-3000:]
+    vllm = json.loads(line[len("LOGPROBS "):])
+    diff = max(abs(a - b) for a, b in zip(vllm, probe["logprobs"]))
+    print(f"\nexported model in vLLM vs learner on the probe: max diff {diff:.2e}")
+    assert diff < 1e-4

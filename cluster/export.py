@@ -1,0 +1,47 @@
+"""`horizonrl export-hf`: a checkpoint as a plain `save_pretrained` folder for other tools.
+
+The checkpoint folder already holds the HF model and tokenizer; the export copies them without
+the learner's DeepSpeed state and the trainer's files, then loads the copy with transformers and
+compares its logprobs on the checkpoint's probe sequence with what the learner recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from cluster.checkpoints import LEARNER_DIR, PROBE_FILE, STATE_FILE, find_checkpoint
+
+# fp32 on both sides; the exported weights are the learner's bit for bit.
+PROBE_TOL = 1e-4
+
+
+def export_hf(source: str, out: str | Path) -> tuple[Path, float]:
+    """Export the newest checkpoint under `source` (a run or checkpoint folder) to `out`;
+    returns (checkpoint exported, max |transformers - learner| logprob on the probe)."""
+    ckpt = find_checkpoint(source, run_root="", name="", seed=0)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+    skip = {LEARNER_DIR, STATE_FILE, PROBE_FILE}
+    for f in ckpt.iterdir():
+        if f.name not in skip and f.is_file():
+            shutil.copy2(f, out / f.name)
+    return ckpt, probe_diff(out, ckpt / PROBE_FILE)
+
+
+def probe_diff(model_dir: Path, probe_file: Path) -> float:
+    """Max |logprob| difference between the model at `model_dir` (transformers) and a probe."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.algorithms import token_logprobs
+
+    probe = json.loads(probe_file.read_text())
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([probe["input_ids"]])
+    with torch.no_grad():
+        got = token_logprobs(model(input_ids=ids).logits, ids)[0].tolist()
+    return max(abs(a - b) for a, b in zip(got, probe["logprobs"]))

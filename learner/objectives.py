@@ -1,0 +1,70 @@
+"""The per-micro-batch objectives a learner rank minimises, built from learner.algorithms.
+
+Kept apart from the DeepSpeed plumbing in worker.py so they run (and are tested) on any module:
+the ZeRO-vs-torch reference test calls exactly these on a plain torch model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from learner import algorithms as alg
+from learner.config import LearnerConfig
+
+
+def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, *,
+                     ref_logprobs: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped (or dual-clipped) surrogate on `mb["advantages"]` against the behaviour
+    logprobs, aggregated by `cfg.loss_agg`, plus `kl_coef` x KL to the reference (unless the KL
+    went into the rewards) minus `entropy_coef` x entropy. Returns (loss, detached stats)."""
+    ids, mask = mb["input_ids"], mb["loss_mask"]
+    logp = alg.token_logprobs(logits, ids)
+    ratio = torch.exp(logp - mb["old_logprobs"])
+    adv = mb["advantages"]
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - cfg.clip_ratio, 1.0 + cfg.clip_ratio)
+    per_token = torch.maximum(unclipped, clipped)
+    if cfg.dual_clip is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * cfg.dual_clip),
+                                per_token)
+    pg = alg.aggregate(per_token, mask, cfg.loss_agg)
+    loss = pg
+    kl = torch.zeros(())
+    if ref_logprobs is not None:
+        kl = alg.masked_mean(alg.kl_penalty(logp, ref_logprobs, cfg.kl_estimator), mask)
+        if not cfg.kl_in_reward:
+            loss = loss + cfg.kl_coef * kl
+    entropy = alg.masked_mean(alg.entropy_from_logits(logits), mask)
+    if cfg.entropy_coef:
+        loss = loss - cfg.entropy_coef * entropy
+    with torch.no_grad():
+        stats = {"pg_loss": pg.detach(), "kl": kl.detach(), "entropy": entropy.detach(),
+                 "clip_frac": alg.masked_mean((per_token != unclipped).float(), mask),
+                 "ratio_max_dev": ((ratio - 1).abs() * mask).max()}
+    return loss, stats
+
+
+def value_objective(values: Tensor, mb: dict[str, Tensor],
+                    clip: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped value loss: 0.5 * mean over model tokens of
+    max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2), R the GAE returns."""
+    mask, returns, old = mb["loss_mask"], mb["returns"], mb["old_values"]
+    clipped = old + torch.clamp(values - old, -clip, clip)
+    per_token = torch.maximum((values - returns).square(), (clipped - returns).square())
+    loss = 0.5 * alg.masked_mean(per_token, mask)
+    with torch.no_grad():
+        frac = alg.masked_mean(((clipped - returns).square() > (values - returns).square())
+                               .float(), mask)
+    return loss, {"value_loss": loss.detach(), "value_clip_frac": frac}
+
+
+def whiten(x: Tensor, mask: Tensor, *, sums: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / std over masked entries; `sums` = (sum, sum of squares, count) when the
+    statistics come from every rank (all-reduced), else this tensor's own."""
+    if sums is None:
+        sums = torch.stack([(x * mask).sum(), (x.square() * mask).sum(), mask.sum()])
+    total, sq, n = sums[0], sums[1], sums[2].clamp_min(1)
+    mean = total / n
+    var = (sq / n - mean.square()).clamp_min(0)
+    return (x - mean) / (var.sqrt() + eps) * mask
