@@ -32,6 +32,7 @@ class Task:
     task_id: str
     seed: int
     env: str | None = None  # the env label (EnvConfig.key); None: the generator's first env
+    group: str | None = None  # the GRPO group id; None: s<step>-<task_id>
 
 
 class GeneratorActor:
@@ -198,7 +199,7 @@ class GeneratorActor:
             task, k = meta[i]
             trajs.append(loops[i].to_trajectory(
                 trajectory_id=f"{self.name}-s{step}-{task.task_id}-{k}-{uuid.uuid4().hex[:8]}",
-                group_id=f"s{step}-{task.task_id}", task_id=task.task_id,
+                group_id=task.group or f"s{step}-{task.task_id}", task_id=task.task_id,
                 env_name=task.env or self.default_env, policy_version=version,
                 info={"generator": self.name, "seed": task.seed}))
         t0 = time.perf_counter()

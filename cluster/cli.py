@@ -26,6 +26,21 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("out", help="output folder (save_pretrained format)")
     m.add_argument("--config", help="take env and model.tiny settings from this run config")
     m.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
+    for kind, what in (("sft", "supervised fine-tuning on a trajectory log or a JSONL of "
+                                "conversations"),
+                       ("rs", "rejection-sampling fine-tuning: SFT on the successful episodes"),
+                       ("dpo", "DPO on successful vs failed episodes of the same group")):
+        a = sub.add_parser(kind, help=what)
+        a.add_argument("--data", required=True, help="a run folder, its trajectories/ folder, "
+                       "a trajectory .jsonl" + (", or a conversations .jsonl" if kind == "sft"
+                                                 else ""))
+        a.add_argument("--out", required=True, help="output folder (metrics, model/)")
+        a.add_argument("--config", help="run config for the model, learner and seed settings")
+        a.add_argument("--model", help="start from this save_pretrained folder (default: the "
+                       "config's model)")
+        a.add_argument("--steps", type=int, default=20, help="optimizer steps")
+        a.add_argument("--batch-size", type=int, default=8, help="examples (pairs) per step")
+        a.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
     x = sub.add_parser("export-hf", help="write a checkpoint as a save_pretrained folder "
                        "(transformers, vLLM) and check it against the learner's logprobs")
     x.add_argument("source", help="a run folder (its newest checkpoint) or a checkpoint folder")
@@ -121,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"horizonrl: {exc}", file=sys.stderr)
         return 2
+    if args.command in ("sft", "rs", "dpo"):
+        from cluster.auxiliary import run_auxiliary
+
+        try:
+            run_auxiliary(args.command, cfg, data=args.data, out=args.out, steps=args.steps,
+                          batch_size=args.batch_size, model=args.model)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"horizonrl: {args.command}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "train":
         if args.dry_run:
             from cluster.plan import dry_run

@@ -91,6 +91,10 @@ class RunConfig(BaseModel):
     checkpoint_every: int = Field(
         20, ge=0, description="Save a checkpoint every N steps (0: at the end only)."
     )
+    save_trajectories: bool = Field(
+        False, description="Write every trained trajectory to <run>/trajectories/"
+        "step_N.jsonl (protobuf JSON): data for `horizonrl sft|rs|dpo` and for inspection."
+    )
     keep_checkpoints: int = Field(
         3, ge=1, description="Keep the newest K checkpoints of the run; older ones are deleted "
         "after a new one is complete."

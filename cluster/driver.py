@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ from cluster.models import ensure_model
 from cluster.prometheus import PrometheusExporter, repeated_action_rate
 from envpool.base import EVAL_SEED_OFFSET
 from envpool.pool import EnvPool
-from learner.group import LearnerGroup
+from learner.group import LearnerGroup, groups_with_signal
 from learner.ingest import TrajectoryIngest, is_wildcard
 from learner.weights import ObjectStoreWeightSync
+from protos.codec import to_json_line
 from protos.trajectory import Failure, Trajectory
 
 
@@ -48,10 +50,11 @@ def make_run_dir(cfg: RunConfig) -> Path:
     return run_dir
 
 
-def sample_tasks(cfg: RunConfig, step: int) -> list[Task]:
+def sample_tasks(cfg: RunConfig, step: int, sampling_round: int = 0) -> list[Task]:
     """Training tasks for `step`: train-split seeds, each task's env drawn by the env weights;
-    reproducible from (seed, step). A single-env run draws the same seeds as before mixing."""
-    rng = np.random.default_rng([cfg.seed, step])
+    reproducible from (seed, step, round). Rounds after the first (dynamic sampling) draw fresh
+    tasks whose group ids carry the round."""
+    rng = np.random.default_rng([cfg.seed, step] + ([2, sampling_round] if sampling_round else []))
     seeds = rng.integers(0, EVAL_SEED_OFFSET, size=cfg.generator.tasks_per_step)
     envs = cfg.envs
     if len(envs) == 1:
@@ -60,8 +63,11 @@ def sample_tasks(cfg: RunConfig, step: int) -> list[Task]:
         w = np.array([e.weight for e in envs], dtype=float)
         pick_rng = np.random.default_rng([cfg.seed, step, 1])
         picks = pick_rng.choice(len(envs), len(seeds), p=w / w.sum())
-    return [Task(task_id=f"{envs[k].key}-{int(s)}", seed=int(s), env=envs[k].key)
-            for s, k in zip(seeds, picks)]
+    tasks = [Task(task_id=f"{envs[k].key}-{int(s)}", seed=int(s), env=envs[k].key)
+             for s, k in zip(seeds, picks)]
+    if sampling_round:
+        tasks = [replace(t, group=f"s{step}r{sampling_round}-{t.task_id}") for t in tasks]
+    return tasks
 
 
 def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -198,6 +204,26 @@ class Trainer:
                     share, step=step, group_size=group)))
         return outs
 
+    def _fill_with_signal(self, trajs: list[Trajectory], outs: list[dict[str, Any]],
+                          step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Dynamic sampling (DAPO): roll out fresh tasks until tasks_per_step groups have
+        reward variance or max_sampling_rounds is reached; keep the first tasks_per_step such
+        groups. Extends `outs` in place; the dropped groups are counted."""
+        want = self.cfg.generator.tasks_per_step
+        rounds = 1
+        while (len(groups_with_signal(trajs)) < want
+               and rounds < self.cfg.learner.max_sampling_rounds):
+            more = self._rollout(sample_tasks(self.cfg, step, rounds), step)
+            outs.extend(more)
+            trajs = trajs + self._collect([t for o in more for t in o["trajectory_ids"]])[0]
+            rounds += 1
+        keep = set(groups_with_signal(trajs)[:want])
+        kept = [t for t in trajs if t.group_id in keep]
+        groups = len({t.group_id for t in trajs})
+        return kept, {"rounds": float(rounds), "groups_with_signal": float(len(keep)),
+                      "groups_dropped": float(groups - len(keep)),
+                      "trajectories_dropped": float(len(trajs) - len(kept))}
+
     def _collect(self, ids: list[str]) -> tuple[list[Trajectory], int]:
         """Exactly the trajectories with `ids` from the ingest; others (from a generator that
         died mid-step) are counted and dropped."""
@@ -223,9 +249,13 @@ class Trainer:
         step, t_start = self.step_count, time.perf_counter()
         horizon, _ = ray.get(self.curriculum.current.remote())
         outs = self._rollout(sample_tasks(self.cfg, step), step)
-        t_rollout = time.perf_counter() - t_start
         ids = [tid for o in outs for tid in o["trajectory_ids"]]
         trajs, orphans = self._collect(ids)
+        sampling = {"rounds": 1.0, "groups_dropped": 0.0}
+        if self.cfg.learner.dynamic_sampling:
+            trajs, sampling = self._fill_with_signal(trajs, outs, step)
+            ids = [tid for o in outs for tid in o["trajectory_ids"]]
+        t_rollout = time.perf_counter() - t_start
         staleness = max((self.policy_version - t.policy_version for t in trajs), default=0)
         t0 = time.perf_counter()
         learn = self.learner.train(trajs)
@@ -244,8 +274,9 @@ class Trainer:
         env_steps = sum(o["env_steps"] for o in outs)
         m = {"step": step, "horizon": horizon, "next_horizon": new_horizon,
              "policy_version": self.policy_version, **roll,
-             "trajectories_generated": len(ids), "trajectories_ingested": len(trajs),
-             "trajectories_orphaned": orphans,
+             "trajectories_generated": len(ids), "trajectories_ingested": len(ids),
+             "trajectories_trained": len(trajs),
+             "trajectories_orphaned": orphans, "sampling": sampling,
              "ingest_duplicates": self.ingest.stats()["duplicates"],
              "generator_restarts": self.generator_restarts,
              "env_restarts": sum(o["env_restarts"] for o in outs),
@@ -262,6 +293,11 @@ class Trainer:
         if self.exporter is not None:
             self.exporter.observe(flat, trajs)
         self.last_trajectories = trajs
+        if self.cfg.save_trajectories:
+            log = self.run_dir / "trajectories"
+            log.mkdir(exist_ok=True)
+            (log / f"step_{step:06d}.jsonl").write_text(
+                "".join(to_json_line(t) + "\n" for t in trajs))
         return m
 
     def save_checkpoint(self) -> Path:

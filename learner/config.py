@@ -30,11 +30,14 @@ class LearnerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: Literal["grpo", "rloo", "reinforce_pp", "ppo"] = Field(
+    algorithm: Literal["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"] = Field(
         "grpo", description="grpo: group-normalised outcome advantage; rloo: leave-one-out "
         "baseline; reinforce_pp: batch-normalised discounted returns (REINFORCE++); ppo: a "
-        "critic and GAE over the multi-turn sequence (env tokens skipped)."
+        "critic and GAE over the multi-turn sequence (env tokens skipped); "
+        "rejection_sampling: SFT on each batch's successful episodes."
     )
+    dpo_beta: float = Field(0.1, gt=0, description="DPO (`horizonrl dpo`): beta, the strength "
+                            "of the implicit KL to the reference.")
     reinforce_pp_baseline: bool = Field(
         False, description="REINFORCE++: subtract the group's mean return first (the "
         "'with baseline' variant)."

@@ -97,6 +97,8 @@ class LearnerGroup:
         """One policy update on whole groups; an update with too few rows is skipped."""
         import ray
 
+        if self.cfg.algorithm == "rejection_sampling":
+            return self._rejection_sampling(trajs)
         adv = self.advantages(trajs)
         idx = self.select(trajs)
         need = self.cfg.world_size * self.cfg.minibatches
@@ -120,6 +122,44 @@ class LearnerGroup:
         stats["adv_abs_mean"] = float(np.abs(batch["advantages"][mask]).mean())
         stats["adv_mean"] = float(batch["advantages"][mask].mean())
         return stats
+
+    def _rejection_sampling(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
+        """Rejection-sampling fine-tuning: SFT on this batch's successful episodes (distinct
+        responses per group); skipped when fewer than one per rank succeeded."""
+        from learner.auxiliary import rejection_sampling_examples
+
+        examples = rejection_sampling_examples(trajs)
+        stats = {"rows_trained": float(len(examples)), "skipped_update": 0.0}
+        if len(examples) < self.cfg.world_size:
+            return {**stats, "skipped_update": 1.0}
+        sft = self.train_sft(examples)
+        return {**stats, **sft, "loss": sft["sft_loss"]}
+
+    def train_sft(self, examples: Sequence[Any]) -> dict[str, float]:
+        """One SFT step on `examples` (learner.auxiliary.SFTExample), rows split over ranks."""
+        from learner.auxiliary import pad_examples
+
+        return self._aux("sft", pad_examples(examples, self.pad_id))
+
+    def train_dpo(self, pairs: Sequence[Any]) -> dict[str, float]:
+        """One DPO step on chosen/rejected pairs (learner.auxiliary.DPOPair)."""
+        from learner.auxiliary import pad_examples
+
+        batch = {}
+        for side in ("chosen", "rejected"):
+            arrays = pad_examples([getattr(p, f"{side}_example")() for p in pairs], self.pad_id)
+            batch.update({f"{side}_{k}": v for k, v in arrays.items()})
+        return self._aux("dpo", batch)
+
+    def _aux(self, kind: str, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        import ray
+
+        if len(next(iter(batch.values()))) < self.cfg.world_size:
+            raise ValueError(f"{kind}: a step needs at least {self.cfg.world_size} rows "
+                             "(one per rank)")
+        shards = split_rows(batch, self.cfg.world_size)
+        results = ray.get([w.train_aux.remote(kind, s) for w, s in zip(self.workers, shards)])
+        return {k: float(np.mean([r[k] for r in results])) for k in results[0]}
 
     def save_checkpoint(self, path: Any) -> None:
         """Every rank writes its optimizer/model partition and RNG state under `path`."""

@@ -195,6 +195,43 @@ class LearnerWorker:
                      lr=float(self.engine.get_lr()[0]), micro_batches=float(len(micros)))
         return stats
 
+    def train_aux(self, kind: str, shard: dict[str, np.ndarray]) -> dict[str, float]:
+        """One optimizer step of SFT (`kind="sft"`: input_ids, loss_mask) or DPO (`"dpo"`:
+        chosen_* and rejected_* arrays, against the frozen reference) on this rank's shard."""
+        from learner import auxiliary as aux
+
+        self.engine.train()
+        self.engine.set_gradient_accumulation_boundary(True)
+        if kind == "sft":
+            t = self._tensors(trim(shard))
+            loss = aux.sft_loss(self.engine(input_ids=t["input_ids"]).logits, t["input_ids"],
+                                t["loss_mask"])
+            stats = {"sft_loss": loss.item()}
+        elif kind == "dpo":
+            if self.ref is None:
+                raise RuntimeError("DPO needs the reference model: set learner.kl_coef > 0")
+            logps = {}
+            for side in ("chosen", "rejected"):
+                t = self._tensors(trim({"input_ids": shard[f"{side}_input_ids"],
+                                        "attention_mask": shard[f"{side}_attention_mask"],
+                                        "loss_mask": shard[f"{side}_loss_mask"]}))
+                ids, mask = t["input_ids"], t["loss_mask"]
+                logps[side] = aux.sequence_logprob(self.engine(input_ids=ids).logits, ids, mask)
+                with torch.no_grad():
+                    logps[f"ref_{side}"] = aux.sequence_logprob(self.ref(input_ids=ids).logits,
+                                                                ids, mask)
+            loss, acc, margin = aux.dpo_loss(logps["chosen"], logps["rejected"],
+                                             logps["ref_chosen"], logps["ref_rejected"],
+                                             self.cfg.dpo_beta)
+            stats = {"dpo_loss": loss.item(), "reward_accuracy": acc.item(),
+                     "reward_margin": margin.item()}
+        else:
+            raise ValueError(f"unknown auxiliary objective {kind!r}; use sft or dpo")
+        self.engine.backward(loss)
+        self.engine.step()
+        self.updates += 1
+        return stats
+
     @torch.no_grad()
     def _ppo_targets(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Old values, GAE advantages (whitened over every rank's model tokens) and returns."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from protos import trajectory_pb2
@@ -98,6 +99,21 @@ def decode(b: bytes) -> Trajectory:
         m.ParseFromString(b)
     except DecodeError as e:  # callers handle one exception type for every malformed input
         raise ValueError(f"not a horizonrl.v1.Trajectory: {e}") from e
+    return from_proto(m)
+
+
+def to_json_line(t: Trajectory) -> str:
+    """One line of protobuf JSON (the run's trajectory log; readable without horizonrl)."""
+    return json_format.MessageToJson(to_proto(t), indent=None)
+
+
+def from_json_line(line: str) -> Trajectory:
+    """Inverse of `to_json_line`; raises `ValueError` if malformed."""
+    m = trajectory_pb2.Trajectory()
+    try:
+        json_format.Parse(line, m)
+    except json_format.ParseError as e:
+        raise ValueError(f"not a horizonrl.v1.Trajectory JSON line: {e}") from e
     return from_proto(m)
 
 

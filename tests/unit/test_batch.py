@@ -29,3 +29,28 @@ def test_pad_batch_masks_and_alignment():
     assert [len(p["input_ids"]) for p in parts] == [1, 1]
     assert trim(parts[1])["input_ids"].shape == (1, 2)
     assert np.array_equal(trim(parts[0])["input_ids"], batch["input_ids"][:1])
+
+
+def test_groups_with_signal_ignores_failed_episodes():
+    from learner.group import groups_with_signal
+
+    def t(tid, group, reward, failure=Failure.NONE):
+        base = _traj(tid, group, [1], [2], [1], failure=failure)
+        return base.__class__(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                                 "reward": reward, "rewards": (reward,)})
+
+    trajs = [t("a", "g0", 1.0), t("b", "g0", 0.0),               # signal
+             t("c", "g1", 1.0), t("d", "g1", 1.0),               # all equal
+             t("e", "g2", 1.0), t("f", "g2", 0.0, Failure.TIMEOUT)]  # the 0 is a failure
+    assert groups_with_signal(trajs) == ["g0"]
+
+
+def test_token_rewards_sit_on_each_turns_last_model_token():
+    from learner.batch import token_rewards
+
+    base = _traj("a", "g", [1], [5, 6, 7, 8, 9, 10], [1, 1, 0, 0, 1, 0])
+    two_turns = base.__class__(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                                  "rewards": (0.5, 1.0), "reward": 1.5, "num_turns": 2})
+    assert token_rewards(two_turns).tolist() == [0.0, 0.5, 0.0, 0.0, 1.0, 0.0]
+    # Turn count and mask runs disagree: the episode reward goes on the last model token.
+    assert token_rewards(base).tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]

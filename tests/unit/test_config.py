@@ -72,3 +72,14 @@ def test_tasks_are_drawn_by_env_weight_and_reproducibly():
     assert sample_tasks(cfg, step=5) == tasks and sample_tasks(cfg, step=6) != tasks
     single = load_config(None, ["generator.tasks_per_step=400"])
     assert {t.env for t in sample_tasks(single, step=5)} == {"babyai"}
+
+
+def test_dynamic_sampling_rounds_draw_fresh_groups():
+    from cluster.driver import sample_tasks
+
+    cfg = load_config(None)
+    first, again = sample_tasks(cfg, 3), sample_tasks(cfg, 3, 1)
+    assert all(t.group is None for t in first)
+    assert all(t.group == f"s3r1-{t.task_id}" for t in again)
+    assert [t.seed for t in again] != [t.seed for t in first]
+    assert sample_tasks(cfg, 3, 1) == again
