@@ -106,11 +106,14 @@ class GeneratorActor:
         return self.engine.score(sequences)
 
     # -- rollout -----------------------------------------------------------------------------
-    def rollout(self, tasks: Sequence[Task], *, group_size: int, step: int) -> dict[str, Any]:
-        """Run `group_size` episodes of each task to the end; push each as it finishes."""
-        if self.horizon is None:
+    def rollout(self, tasks: Sequence[Task], *, group_size: int, step: int,
+                horizon: int | None = None) -> dict[str, Any]:
+        """Run `group_size` episodes of each task to the end; push each as it finishes.
+        `horizon` overrides the curriculum's for this call only (evaluation sweeps)."""
+        horizon = horizon or self.horizon
+        if horizon is None:
             raise RuntimeError(f"{self.name}: no horizon yet; register with the curriculum first")
-        horizon, version = self.horizon, self.policy_version
+        version = self.policy_version
         for pool in self.pools.values():  # replace env actors that died since the last rollout
             pool.heal()
         loops, meta = [], []

@@ -1,4 +1,5 @@
-"""`horizonrl` command line: train, status, make-tiny-model, env-server."""
+"""`horizonrl` command line: train, eval, status, export-hf, sft | rs | dpo, make-tiny-model,
+env-server."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from cluster.config import ConfigError, load_config
 
@@ -41,6 +43,24 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("--steps", type=int, default=20, help="optimizer steps")
         a.add_argument("--batch-size", type=int, default=8, help="examples (pairs) per step")
         a.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
+    v = sub.add_parser("eval", help="accuracy per env, against max turns, and pass@K, with "
+                       "plots (eval split, deterministic seeds)")
+    who = v.add_mutually_exclusive_group(required=True)
+    who.add_argument("--model", help="'base', a run folder (newest checkpoint), a checkpoint "
+                     "or a save_pretrained folder")
+    who.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two models side by side "
+                     "(e.g. base RUN_DIR)")
+    v.add_argument("--config", help="run config (model, envs, generator, seed settings)")
+    v.add_argument("--envs", help="comma-separated env names (default: the config's envs)")
+    v.add_argument("--split", default="eval", choices=["eval"], help="task split (the fixed "
+                   "eval split: seeds from 1,000,000)")
+    v.add_argument("--max-turns", default="5", help="comma-separated turn budgets, e.g. 2,4,8")
+    v.add_argument("--k", default="1", help="comma-separated K for pass@K; max(K) samples are "
+                   "drawn per task")
+    v.add_argument("--tasks", type=int, default=20, help="eval tasks per env")
+    v.add_argument("--out", required=True, help="output folder (results.json, results.md, "
+                   "plots)")
+    v.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
     x = sub.add_parser("export-hf", help="write a checkpoint as a save_pretrained folder "
                        "(transformers, vLLM) and check it against the learner's logprobs")
     x.add_argument("source", help="a run folder (its newest checkpoint) or a checkpoint folder")
@@ -82,6 +102,43 @@ def env_server(args: argparse.Namespace) -> int:
         print(f"horizonrl: env-server: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_eval(args: argparse.Namespace, cfg: Any) -> int:
+    from cluster.evaluate import evaluate, resolve_model
+    from envpool.config import EnvConfig
+
+    specs = args.compare or [args.model]
+    try:
+        ks = sorted({int(k) for k in args.k.split(",")})
+        turns = sorted({int(h) for h in args.max_turns.split(",")})
+        if min(ks) < 1 or min(turns) < 1 or args.tasks < 1:
+            raise ValueError("--k, --max-turns and --tasks must be positive")
+        models = {_label(s, specs): resolve_model(s, cfg) for s in specs}
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"horizonrl: eval: {exc}", file=sys.stderr)
+        return 2
+    if len(models) != len(specs):
+        print("horizonrl: eval: the two models have the same label", file=sys.stderr)
+        return 2
+    known = {e.key: e for e in cfg.envs}
+    names = args.envs.split(",") if args.envs else list(known)
+    replicas = args.tasks * max(ks)
+    envs = [(known[n] if n in known else EnvConfig(name=n, kwargs={})).model_copy(
+        update={"replicas_per_actor": replicas}) for n in names]
+    evaluate(cfg, models, envs=envs, tasks=args.tasks, samples=max(ks), max_turns=turns,
+             out=args.out)
+    print(f"[horizonrl] eval report in {args.out} (results.md, results.json, *.png)")
+    return 0
+
+
+def _label(spec: str, specs: list[str]) -> str:
+    """'base' for the base model, 'trained' for the other of a base-vs-X pair, else the name."""
+    if spec == "base":
+        return "base"
+    if "base" in specs:
+        return "trained"
+    return Path(spec).name
 
 
 def export(source: str, out: str) -> int:
@@ -136,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"horizonrl: {exc}", file=sys.stderr)
         return 2
+    if args.command == "eval":
+        return run_eval(args, cfg)
     if args.command in ("sft", "rs", "dpo"):
         from cluster.auxiliary import run_auxiliary
 

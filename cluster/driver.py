@@ -105,6 +105,24 @@ def env_metrics(cfg: RunConfig, trajs: Sequence[Trajectory],
     return out
 
 
+def collect_trajectories(ingest: TrajectoryIngest, ids: list[str],
+                         timeout_s: float) -> tuple[list[Trajectory], int]:
+    """Exactly the trajectories with `ids` from the ingest, in that order; others (from a
+    generator that died mid-step) are counted and dropped."""
+    want, got, orphans = set(ids), {}, 0
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(want) and time.monotonic() < deadline:
+        for t in ingest.take(len(want) - len(got), timeout=max(0.1, deadline - time.monotonic())):
+            if t.trajectory_id in want:
+                got[t.trajectory_id] = t
+            else:
+                orphans += 1
+    if len(got) != len(want):
+        raise RuntimeError(f"generators sent {len(want)} trajectories, the ingest delivered "
+                           f"{len(got)} of them within {timeout_s}s")
+    return [got[i] for i in ids], orphans
+
+
 class Trainer:
     """Owns the actors of one run. Use as a context manager inside a Ray session."""
 
@@ -225,22 +243,7 @@ class Trainer:
                       "trajectories_dropped": float(len(trajs) - len(kept))}
 
     def _collect(self, ids: list[str]) -> tuple[list[Trajectory], int]:
-        """Exactly the trajectories with `ids` from the ingest; others (from a generator that
-        died mid-step) are counted and dropped."""
-        want, got, orphans = set(ids), {}, 0
-        deadline = time.monotonic() + self.cfg.learner.ingest.collect_timeout_s
-        while len(got) < len(want) and time.monotonic() < deadline:
-            for t in self.ingest.take(len(want) - len(got),
-                                      timeout=max(0.1, deadline - time.monotonic())):
-                if t.trajectory_id in want:
-                    got[t.trajectory_id] = t
-                else:
-                    orphans += 1
-        if len(got) != len(want):
-            raise RuntimeError(f"generators sent {len(want)} trajectories, the ingest delivered "
-                               f"{len(got)} of them within "
-                               f"{self.cfg.learner.ingest.collect_timeout_s}s")
-        return [got[i] for i in ids], orphans
+        return collect_trajectories(self.ingest, ids, self.cfg.learner.ingest.collect_timeout_s)
 
     def step(self) -> dict[str, Any]:
         """One full iteration; returns (and logs) its metrics."""

@@ -1,0 +1,75 @@
+"""GRPO, RLOO, REINFORCE++ and PPO (and rejection sampling) on the embedded BabyAI default,
+each from the CLI with the same seed and budget, summarised as one table.
+
+    .venv/bin/python bench/algorithms.py [--iterations 60] [--algorithms grpo rloo ...]
+
+Each run is `horizonrl train --config configs/babyai-local.yaml learner.algorithm=X` in its own
+process (so a crash in one is reported, not fatal). Writes runs/algorithms__<time>/results.md
+and prints it: mean success over the first and last fifth of the steps, the best step, invalid
+actions in the last fifth, and seconds per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ALGORITHMS = ["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"]
+
+
+def run(algorithm: str, iterations: int, out: Path) -> tuple[int, Path | None, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
+         f"name={algorithm}", f"iterations={iterations}", f"run_root={out}", "metrics.port=0",
+         "checkpoint_every=0", f"learner.algorithm={algorithm}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    (out / f"{algorithm}.log").write_text(proc.stdout + proc.stderr)
+    runs = sorted(out.glob(f"{algorithm}__*"))
+    return proc.returncode, (runs[-1] if runs else None), time.perf_counter() - t0
+
+
+def summarise(run_dir: Path) -> dict[str, float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    fifth = max(1, len(rows) // 5)
+    succ = [r["success_rate"] for r in rows]
+    return {"first": sum(succ[:fifth]) / fifth, "last": sum(succ[-fifth:]) / fifth,
+            "best": max(succ), "invalid_last": sum(r["invalid_action_rate"]
+                                                   for r in rows[-fifth:]) / fifth,
+            "sec_per_it": sum(r["seconds/iteration"] for r in rows[1:]) / max(1, len(rows) - 1),
+            "steps": len(rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iterations", type=int, default=60)
+    ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
+    args = ap.parse_args()
+    out = ROOT / "runs" / f"algorithms__{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    lines = ["| algorithm | success, first fifth | success, last fifth | best step | "
+             "invalid actions, last fifth | s/iteration | status |",
+             "|---|---|---|---|---|---|---|"]
+    for algo in args.algorithms:
+        print(f"[bench] {algo}: {args.iterations} iterations ...", flush=True)
+        rc, run_dir, secs = run(algo, args.iterations, out)
+        if rc != 0 or run_dir is None:
+            lines.append(f"| {algo} | | | | | | failed (rc {rc}), see {algo}.log |")
+            continue
+        s = summarise(run_dir)
+        lines.append(f"| {algo} | {s['first']:.3f} | {s['last']:.3f} | {s['best']:.3f} | "
+                     f"{s['invalid_last']:.3f} | {s['sec_per_it']:.2f} | ok, {s['steps']} steps, "
+                     f"{secs:.0f} s |")
+        print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    (out / "results.md").write_text(table + "\n")
+    print(f"\n{table}\n\nwritten to {out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()

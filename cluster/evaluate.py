@@ -1,0 +1,136 @@
+"""`horizonrl eval` and periodic evaluation: eval-split tasks through the same generator actors
+and env pools as training, turned into per-episode records and a report.
+
+Deterministic: the tasks are the first `tasks` seeds of each env's eval split, and each model's
+generator uses the run seed, so the same command gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from actors.generator import GeneratorActor, Task
+from cluster.checkpoints import STATE_FILE, latest_checkpoint
+from cluster.config import RunConfig
+from cluster.eval_metrics import EpisodeRecord
+from envpool.base import EVAL_SEED_OFFSET
+from envpool.config import EnvConfig
+from envpool.pool import EnvPool
+from protos.trajectory import Trajectory
+
+
+def eval_tasks(envs: Sequence[EnvConfig], tasks: int, tag: str) -> list[Task]:
+    """The first `tasks` eval-split seeds of every env (group ids tagged with `tag`)."""
+    return [Task(task_id=f"{e.key}-{EVAL_SEED_OFFSET + i}", seed=EVAL_SEED_OFFSET + i, env=e.key,
+                 group=f"{tag}-{e.key}-{i}") for e in envs for i in range(tasks)]
+
+
+def to_records(model: str, trajs: Sequence[Trajectory], max_turns: int) -> list[EpisodeRecord]:
+    """One record per episode; samples numbered within each task in arrival order."""
+    seen: dict[str, int] = {}
+    out = []
+    for t in trajs:
+        k = seen.get(t.group_id, 0)
+        seen[t.group_id] = k + 1
+        actions = tuple(t.info.get("actions", ()))[: t.num_turns]
+        out.append(EpisodeRecord(
+            model=model, env=t.env_name, task_id=t.task_id, seed=int(t.info.get("seed", -1)),
+            sample=k, max_turns=max_turns, success=bool(t.info.get("success", False)),
+            reward=float(t.reward), num_turns=len(actions),
+            actions=actions, invalid_actions=min(int(t.info.get("invalid_actions", 0)),
+                                                 len(actions)),
+            failure="" if t.failure.value == "none" else t.failure.value, goal_turn=None))
+    return out
+
+
+def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequence[EnvConfig],
+              tasks: int, samples: int, max_turns: Sequence[int], step: int,
+              ) -> list[EpisodeRecord]:
+    """Every (env task, max_turns) with `samples` episodes each, tasks split over generators.
+    `collect(ids)` returns the trajectories with those ids from the ingest."""
+    import numpy as np
+    import ray
+
+    records: list[EpisodeRecord] = []
+    for h in max_turns:
+        todo = eval_tasks(envs, tasks, f"eval-s{step}-h{h}")
+        shares = [[todo[i] for i in idx]
+                  for idx in np.array_split(np.arange(len(todo)), len(generators))]
+        outs = ray.get([g.rollout.remote(s, group_size=samples, step=step, horizon=h)
+                        for g, s in zip(generators, shares) if s])
+        ids = [tid for o in outs for tid in o["trajectory_ids"]]
+        records += to_records(model, collect(ids), h)
+    return records
+
+
+def resolve_model(spec: str, cfg: RunConfig) -> str:
+    """`base` (the config's starting model), a run folder (its newest checkpoint), a checkpoint
+    folder, or any save_pretrained folder."""
+    from cluster.models import ensure_model
+
+    if spec == "base":
+        return str(cfg.model.path or ensure_model(cfg.model, env=cfg.env))
+    path = Path(spec)
+    if (path / "checkpoints").is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"{spec}: the run has no complete checkpoint")
+        return str(found)
+    if not (path / "config.json").exists() and not (path / STATE_FILE).exists():
+        raise FileNotFoundError(f"{spec}: not a model folder (no config.json), run folder or "
+                                "'base'")
+    return str(path)
+
+
+def evaluate(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig], tasks: int,
+             samples: int, max_turns: Sequence[int], out: str | Path) -> dict[str, Any]:
+    """Evaluate each labelled model; write the report to `out`; return the summary."""
+    import ray
+
+    from cluster.driver import collect_trajectories
+    from cluster.eval_metrics import summarise
+    from cluster.eval_report import write_report
+    from cluster.runtime import ray_session
+    from learner.ingest import TrajectoryIngest
+
+    records: list[EpisodeRecord] = []
+    g = cfg.generator
+    with ray_session(cfg.ray):
+        ingest = TrajectoryIngest(host="127.0.0.1", port=0, capacity=cfg.learner.ingest.capacity,
+                                  max_message_bytes=cfg.learner.ingest.max_message_bytes).start()
+        try:
+            for label, path in models.items():
+                t0 = time.perf_counter()
+                remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
+                gen = remote.remote(name=f"eval-{label}", cfg=g, model_path=path,
+                                    env_pools=[EnvPool(e, name=f"eval-{label}-{e.key}")
+                                               for e in envs],
+                                    ingest_address=ingest.address, seed=cfg.seed)
+                ray.get(gen.ready.remote())
+                records += run_sweep(
+                    [gen], lambda ids: collect_trajectories(
+                        ingest, ids, cfg.learner.ingest.collect_timeout_s)[0],
+                    model=label, envs=envs, tasks=tasks, samples=samples, max_turns=max_turns,
+                    step=0)
+                ray.kill(gen)
+                print(f"[horizonrl] eval {label} ({path}): {len(records)} episodes so far "
+                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
+        finally:
+            ingest.stop()
+    ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples} | {samples})
+    results = summarise(records, ks)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "episodes.jsonl").write_text("".join(_record_line(r) for r in records))
+    write_report(results, out)
+    return results
+
+
+def _record_line(r: EpisodeRecord) -> str:
+    import dataclasses
+    import json
+
+    return json.dumps(dataclasses.asdict(r)) + "\n"
