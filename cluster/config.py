@@ -77,6 +77,21 @@ class MetricsConfig(BaseModel):
     )
 
 
+class EvalConfig(BaseModel):
+    """Periodic evaluation during training, on each env's fixed eval split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(0, ge=0, description="Evaluate every N training steps (and after the "
+                       "last); 0 turns periodic evaluation off.")
+    tasks: int = Field(16, ge=1, description="Eval tasks per env (the first seeds of its eval "
+                       "split, the same every time).")
+    samples: int = Field(1, ge=1, description="Episodes per task (pass@samples is logged).")
+    max_turns: list[int] = Field(
+        default_factory=list, description="Turn budgets to evaluate; empty: the curriculum's "
+        "current horizon.")
+
+
 class RunConfig(BaseModel):
     """Everything a training run needs; saved resolved as config.yaml in the run directory."""
 
@@ -112,6 +127,7 @@ class RunConfig(BaseModel):
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="Rollout.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Horizon.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Periodic evaluation.")
 
     @property
     def envs(self) -> list[EnvConfig]:

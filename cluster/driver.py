@@ -289,6 +289,9 @@ class Trainer:
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
              "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"]}
         m["env"] = env_metrics(self.cfg, trajs, outs)
+        every = self.cfg.eval.every
+        if every and (self.step_count % every == 0 or self.step_count == self.cfg.iterations):
+            m.update(self.evaluate())
         if decision is not None:
             m["curriculum_decision"] = decision["reason"]
         flat = _flatten(m)
@@ -302,6 +305,29 @@ class Trainer:
             (log / f"step_{step:06d}.jsonl").write_text(
                 "".join(to_json_line(t) + "\n" for t in trajs))
         return m
+
+    def evaluate(self) -> dict[str, float]:
+        """Eval-split accuracy (and pass@samples) per env and turn budget with the current
+        policy, as eval/<env>/h<H>/... keys."""
+        import ray
+
+        from cluster.eval_metrics import summarise
+        from cluster.evaluate import run_sweep
+
+        e = self.cfg.eval
+        turns = e.max_turns or [ray.get(self.curriculum.current.remote())[0]]
+        records = run_sweep(self.generators, lambda ids: self._collect(ids)[0], model="policy",
+                            envs=self.cfg.envs, tasks=e.tasks, samples=e.samples,
+                            max_turns=turns, step=self.step_count)
+        summary = summarise(records, [e.samples])["policy"]
+        flat = {}
+        for env, by_turns in summary.items():
+            for h, cell in by_turns.items():
+                flat[f"eval/{env}/h{h}/accuracy"] = cell["accuracy"]
+                flat[f"eval/{env}/h{h}/pass@{e.samples}"] = cell["pass_at_k"][str(e.samples)][
+                    "value"]
+                flat[f"eval/{env}/h{h}/mean_turns"] = cell["mean_turns"]
+        return {k: v for k, v in flat.items() if v is not None}
 
     def save_checkpoint(self) -> Path:
         """HF model + tokenizer, the learner's optimizer/scheduler/RNG state, the driver and

@@ -44,6 +44,11 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
                     why = m.get("curriculum_decision")
                     print(f"[horizonrl] horizon {m['horizon']} -> {m['next_horizon']}"
                           f"{': ' + why if why else ''}", flush=True)
+                evals = {k: v for k, v in m.items() if k.startswith("eval/")}
+                if evals:
+                    print("[horizonrl] eval after step {}: {}".format(trainer.step_count, ", ".join(
+                        f"{k[5:]} {v:.3f}" for k, v in evals.items() if "accuracy" in k)),
+                        flush=True)
                 every = cfg.checkpoint_every
                 if every and trainer.step_count % every == 0 \
                         and trainer.step_count < cfg.iterations:

@@ -29,6 +29,7 @@ def cfg(tmp_path_factory):
         "env.replicas_per_actor=16", "generator.tasks_per_step=4", "generator.group_size=4",
         "curriculum.horizons=[2, 3]", "curriculum.steps_per_stage=1",
         "learner.minibatches=1", "learner.lr=1e-3", "learner.warmup_steps=0",
+        "eval.every=2", "eval.tasks=2", "eval.max_turns=[2, 4]",
     ])
 
 
@@ -77,6 +78,11 @@ def test_two_iterations_end_to_end(cfg):
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1]
+    # Periodic evaluation ran after step 2 with the updated policy, at both turn budgets.
+    assert "eval/babyai/h2/accuracy" not in lines[0]
+    for h in (2, 4):
+        assert 0.0 <= lines[1][f"eval/babyai/h{h}/accuracy"] <= 1.0
+        assert lines[1][f"eval/babyai/h{h}/mean_turns"] <= h
     assert (run_dir / "config.yaml").exists()
 
 
