@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -114,6 +114,13 @@ class RunConfig(BaseModel):
         3, ge=1, description="Keep the newest K checkpoints of the run; older ones are deleted "
         "after a new one is complete."
     )
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: generation and training take turns (AgentGym-RL); async: "
+        "generators keep producing with the weights they hold while the learner trains on what "
+        "arrives, with the decoupled loss correcting for the lag.")
+    max_staleness: int = Field(
+        1, ge=0, description="Async: trajectories more than this many policy versions behind "
+        "the learner are dropped (and counted) instead of trained on.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Starting checkpoint.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus.")

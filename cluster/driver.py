@@ -35,6 +35,7 @@ from cluster.models import ensure_model
 from cluster.prometheus import PrometheusExporter, repeated_action_rate
 from envpool.base import EVAL_SEED_OFFSET
 from envpool.pool import EnvPool
+from learner.config import LearnerConfig
 from learner.group import LearnerGroup, groups_with_signal
 from learner.ingest import TrajectoryIngest, is_wildcard
 from learner.weights import ObjectStoreWeightSync
@@ -105,6 +106,14 @@ def env_metrics(cfg: RunConfig, trajs: Sequence[Trajectory],
     return out
 
 
+def resolved_learner(cfg: RunConfig) -> LearnerConfig:
+    """The learner config with mode-dependent defaults filled in (the decoupled loss is on in
+    async mode unless set explicitly)."""
+    if cfg.learner.decoupled_loss is None:
+        return cfg.learner.model_copy(update={"decoupled_loss": cfg.mode == "async"})
+    return cfg.learner
+
+
 def collect_trajectories(ingest: TrajectoryIngest, ids: list[str],
                          timeout_s: float) -> tuple[list[Trajectory], int]:
     """Exactly the trajectories with `ids` from the ingest, in that order; others (from a
@@ -153,7 +162,7 @@ class Trainer:
         ray.get([g.ready.remote() for g in self.generators])
         ray.get([self.curriculum.register.remote(f"gen{i}", g)
                  for i, g in enumerate(self.generators)])
-        self.learner = LearnerGroup(cfg.learner, model_path=self.model_path,
+        self.learner = LearnerGroup(resolved_learner(cfg), model_path=self.model_path,
                                     ref_model_path=self.base_model_path,
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
         if resume:
@@ -251,20 +260,15 @@ class Trainer:
 
         step, t_start = self.step_count, time.perf_counter()
         horizon, _ = ray.get(self.curriculum.current.remote())
-        outs = self._rollout(sample_tasks(self.cfg, step), step)
-        ids = [tid for o in outs for tid in o["trajectory_ids"]]
-        trajs, orphans = self._collect(ids)
-        sampling = {"rounds": 1.0, "groups_dropped": 0.0}
-        if self.cfg.learner.dynamic_sampling:
-            trajs, sampling = self._fill_with_signal(trajs, outs, step)
-            ids = [tid for o in outs for tid in o["trajectory_ids"]]
+        outs, ids, trajs, orphans, extra = self._gather(step)
         t_rollout = time.perf_counter() - t_start
         staleness = max((self.policy_version - t.policy_version for t in trajs), default=0)
         t0 = time.perf_counter()
         learn = self.learner.train(trajs)
         t_learn = time.perf_counter() - t0
-        self.policy_version += 1
-        sync = self.weights.push(self.policy_version)
+        if self._bumps_version(learn):
+            self.policy_version += 1
+        sync = self._push_weights()
         self.step_count += 1
         roll = rollout_metrics(trajs)
         new_horizon, _ = ray.get(self.curriculum.tick.remote(self.step_count, roll))
@@ -279,7 +283,7 @@ class Trainer:
              "policy_version": self.policy_version, **roll,
              "trajectories_generated": len(ids), "trajectories_ingested": len(ids),
              "trajectories_trained": len(trajs),
-             "trajectories_orphaned": orphans, "sampling": sampling,
+             "trajectories_orphaned": orphans, **extra,
              "ingest_duplicates": self.ingest.stats()["duplicates"],
              "generator_restarts": self.generator_restarts,
              "env_restarts": sum(o["env_restarts"] for o in outs),
@@ -305,6 +309,27 @@ class Trainer:
             (log / f"step_{step:06d}.jsonl").write_text(
                 "".join(to_json_line(t) + "\n" for t in trajs))
         return m
+
+    def _gather(self, step: int) -> tuple[list[dict[str, Any]], list[str], list[Trajectory],
+                                          int, dict[str, Any]]:
+        """Sync mode: roll out this step's tasks (more with dynamic sampling) and collect
+        exactly those trajectories. Returns (rollout outputs, ids generated, trajectories to
+        train on, orphans, extra metrics)."""
+        outs = self._rollout(sample_tasks(self.cfg, step), step)
+        ids = [tid for o in outs for tid in o["trajectory_ids"]]
+        trajs, orphans = self._collect(ids)
+        sampling = {"rounds": 1.0, "groups_dropped": 0.0}
+        if self.cfg.learner.dynamic_sampling:
+            trajs, sampling = self._fill_with_signal(trajs, outs, step)
+            ids = [tid for o in outs for tid in o["trajectory_ids"]]
+        return outs, ids, trajs, orphans, {"sampling": sampling}
+
+    def _bumps_version(self, learn: dict[str, float]) -> bool:
+        return True  # sync: every iteration is a version (generators reload in lock-step)
+
+    def _push_weights(self) -> dict[str, float]:
+        """Sync mode: every generator reloads the new weights before the next rollout."""
+        return self.weights.push(self.policy_version)
 
     def evaluate(self) -> dict[str, float]:
         """Eval-split accuracy (and pass@samples) per env and turn budget with the current

@@ -32,7 +32,10 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
         print(f"[horizonrl] run dir {run_dir}", flush=True)
     t0 = time.perf_counter()
     ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray starts
-    with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir, resume=state) as trainer:
+    trainer_cls = Trainer
+    if cfg.mode == "async":
+        from cluster.async_driver import AsyncTrainer as trainer_cls
+    with ray_session(cfg.ray), trainer_cls(cfg, run_dir=run_dir, resume=state) as trainer:
         print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training to "
               f"{cfg.iterations} iterations", flush=True)
         progress = ProgressReporter(total=cfg.iterations, done=trainer.step_count)

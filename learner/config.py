@@ -36,6 +36,13 @@ class LearnerConfig(BaseModel):
         "critic and GAE over the multi-turn sequence (env tokens skipped); "
         "rejection_sampling: SFT on each batch's successful episodes."
     )
+    decoupled_loss: bool | None = Field(
+        None, description="Off-policy correction (decoupled PPO): clip against the learner's "
+        "own pre-update logprobs and weight each token by the truncated importance weight "
+        "min(exp(pre-update - behaviour logprob), is_cap). None: on in async mode, off in sync."
+    )
+    is_cap: float = Field(2.0, gt=0, description="Truncation of the behaviour importance "
+                          "weight (decoupled loss).")
     dpo_beta: float = Field(0.1, gt=0, description="DPO (`horizonrl dpo`): beta, the strength "
                             "of the implicit KL to the reference.")
     reinforce_pp_baseline: bool = Field(

@@ -135,6 +135,19 @@ class LearnerGroup:
         sft = self.train_sft(examples)
         return {**stats, **sft, "loss": sft["sft_loss"]}
 
+    def importance_weights(self, trajs: Sequence[Trajectory]) -> dict[str, np.ndarray]:
+        """The decoupled loss's inputs for `trajs` as `train` would compute them now (padded
+        batch order): loss_mask, behaviour logprobs, pre-update logprobs, truncated weights."""
+        import ray
+
+        batch = pad_batch(trajs, np.zeros(len(trajs)), pad_id=self.pad_id)
+        shards = split_rows(batch, self.cfg.world_size)
+        parts = ray.get([w.importance_weights.remote(s) for w, s in zip(self.workers, shards)])
+        width = batch["input_ids"].shape[1]
+        out = {k: np.concatenate([np.pad(p[k], ((0, 0), (0, width - p[k].shape[1])))
+                                  for p in parts]) for k in parts[0]}
+        return {"loss_mask": batch["loss_mask"], "old_logprobs": batch["old_logprobs"], **out}
+
     def train_sft(self, examples: Sequence[Any]) -> dict[str, float]:
         """One SFT step on `examples` (learner.auxiliary.SFTExample), rows split over ranks."""
         from learner.auxiliary import pad_examples

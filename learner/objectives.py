@@ -16,11 +16,16 @@ from learner.config import LearnerConfig
 def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, *,
                      ref_logprobs: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped (or dual-clipped) surrogate on `mb["advantages"]` against the behaviour
-    logprobs, aggregated by `cfg.loss_agg`, plus `kl_coef` x KL to the reference (unless the KL
-    went into the rewards) minus `entropy_coef` x entropy. Returns (loss, detached stats)."""
+    logprobs (or, with `prox_logprobs` and `is_weights` in `mb`, the decoupled form), aggregated
+    by `cfg.loss_agg`, plus `kl_coef` x KL to the reference (unless the KL went into the
+    rewards) minus `entropy_coef` x entropy. Returns (loss, detached stats)."""
     ids, mask = mb["input_ids"], mb["loss_mask"]
     logp = alg.token_logprobs(logits, ids)
-    ratio = torch.exp(logp - mb["old_logprobs"])
+    # Decoupled PPO (off-policy batches): the trust region is around the learner's own
+    # pre-update policy ("prox"), and the gap to the behaviour policy that sampled the tokens
+    # is corrected by a truncated importance weight.
+    decoupled = "prox_logprobs" in mb
+    ratio = torch.exp(logp - mb["prox_logprobs" if decoupled else "old_logprobs"])
     adv = mb["advantages"]
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - cfg.clip_ratio, 1.0 + cfg.clip_ratio)
@@ -28,6 +33,8 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
     if cfg.dual_clip is not None:
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * cfg.dual_clip),
                                 per_token)
+    if decoupled:
+        per_token = per_token * mb["is_weights"]
     pg = alg.aggregate(per_token, mask, cfg.loss_agg)
     loss = pg
     kl = torch.zeros(())
@@ -42,6 +49,8 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
         stats = {"pg_loss": pg.detach(), "kl": kl.detach(), "entropy": entropy.detach(),
                  "clip_frac": alg.masked_mean((per_token != unclipped).float(), mask),
                  "ratio_max_dev": ((ratio - 1).abs() * mask).max()}
+        if decoupled:
+            stats["is_weight_mean"] = alg.masked_mean(mb["is_weights"], mask)
     return loss, stats
 
 
@@ -68,3 +77,11 @@ def whiten(x: Tensor, mask: Tensor, *, sums: Tensor | None = None, eps: float = 
     mean = total / n
     var = (sq / n - mean.square()).clamp_min(0)
     return (x - mean) / (var.sqrt() + eps) * mask
+
+
+def importance_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor,
+                       cap: float) -> tuple[Tensor, Tensor]:
+    """Truncated importance weights min(exp(prox - behaviour), cap) on model tokens (0 elsewhere)
+    and the raw weights exp(prox - behaviour) (for checks and metrics)."""
+    raw = torch.exp(prox_logprobs - behaviour_logprobs) * mask
+    return torch.clamp(raw, max=cap), raw

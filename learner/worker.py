@@ -20,7 +20,7 @@ import torch
 from learner import algorithms as alg
 from learner.batch import micro_batch_count, micro_batches, split_rows, trim
 from learner.config import LearnerConfig
-from learner.objectives import policy_objective, value_objective, whiten
+from learner.objectives import importance_weights, policy_objective, value_objective, whiten
 
 
 def lr_factor(step: int, *, cfg: LearnerConfig) -> float:
@@ -130,6 +130,8 @@ class LearnerWorker:
         self.engine.train()
         if self.critic is not None:
             shard = self._ppo_targets(shard)
+        if self.cfg.decoupled_loss:
+            shard = self._decoupled_inputs(shard)
         stats: dict[str, list[float]] = {}
         for _ in range(self.cfg.epochs):
             for mb in split_rows(shard, self.cfg.minibatches):
@@ -231,6 +233,31 @@ class LearnerWorker:
         self.engine.step()
         self.updates += 1
         return stats
+
+    @torch.no_grad()
+    def _decoupled_inputs(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The learner's pre-update logprobs and the truncated importance weights."""
+        self.engine.eval()
+        prox = []
+        for micro in micro_batches(shard, micro_batch_count(shard, self.cfg.micro_batch_tokens)):
+            if micro:
+                ids = self._tensors({"input_ids": micro["input_ids"]})["input_ids"]
+                lp = alg.token_logprobs(self.engine(input_ids=ids).logits, ids).cpu().numpy()
+                prox.append(np.pad(lp, ((0, 0), (0, shard["input_ids"].shape[1] - lp.shape[1]))))
+        self.engine.train()
+        out = dict(shard)
+        out["prox_logprobs"] = (np.concatenate(prox) * shard["loss_mask"]).astype(np.float32)
+        w, _ = importance_weights(torch.from_numpy(out["prox_logprobs"]),
+                                  torch.from_numpy(shard["old_logprobs"]),
+                                  torch.from_numpy(shard["loss_mask"]), self.cfg.is_cap)
+        out["is_weights"] = w.numpy().astype(np.float32)
+        return out
+
+    def importance_weights(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """What `train` would weight this shard's tokens by (for checks): prox logprobs and the
+        truncated weights."""
+        out = self._decoupled_inputs(shard)
+        return {"prox_logprobs": out["prox_logprobs"], "is_weights": out["is_weights"]}
 
     @torch.no_grad()
     def _ppo_targets(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,130 @@
+"""Asynchronous training: generators never wait for the learner.
+
+Every generator always has one rollout in flight. When one finishes, its trajectories go into a
+buffer and the generator is handed the newest weights (if the learner has moved on) and its next
+rollout at once: the reload is queued on the actor ahead of the rollout, so generation stops only
+for the reload itself, and episodes never change weights mid-way (their `policy_version` is the
+version that produced every token). Meanwhile the learner takes the oldest `tasks_per_step`
+whole groups from the buffer, drops trajectories more than `max_staleness` versions behind (and
+counts them), and trains with the decoupled loss (learner.decoupled_loss), whose truncated
+importance weights correct for the lag.
+
+Unlike sync mode, which trajectories land in which update depends on timing, so an async run is
+not bit-for-bit reproducible and `--resume` restores weights, optimizer and curriculum but not the
+in-flight rollouts (they are re-generated).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.driver import Trainer, sample_tasks
+from protos.trajectory import Trajectory
+
+
+def split_stale(trajs: list[Trajectory], version: int,
+                max_staleness: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(fresh, stale): stale ones are more than `max_staleness` versions behind `version`."""
+    fresh = [t for t in trajs if version - t.policy_version <= max_staleness]
+    stale = [t for t in trajs if version - t.policy_version > max_staleness]
+    return fresh, stale
+
+
+class AsyncTrainer(Trainer):
+    """`Trainer` with the rollout and the weight push replaced by the asynchronous versions."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inflight: dict[int, Any] = {}  # generator index -> ObjectRef of its rollout
+        self.gen_versions = [self.policy_version] * len(self.generators)
+        self.buffer: list[Trajectory] = []
+        self.rollouts = 0  # rollout calls issued: seeds the task draw of each
+        self.dropped_stale = 0
+        self._weights: tuple[int, Any] | None = None  # (version, ObjectRef of the state dict)
+        self._reload_seconds: list[Any] = []
+
+    def _submit(self, i: int) -> None:
+        """Give generator i the newest weights (if it lags) and its next rollout."""
+        g = self.generators[i]
+        if self.gen_versions[i] < self.policy_version:
+            if self._weights is None or self._weights[0] != self.policy_version:
+                self._weights = (self.policy_version, self.learner.state_dict_ref())
+            self._reload_seconds.append(g.update_weights.remote(self._weights[1],
+                                                                self.policy_version))
+            self.gen_versions[i] = self.policy_version
+        tasks = sample_tasks(self.cfg, self.rollouts)
+        self.inflight[i] = g.rollout.remote(tasks, step=self.rollouts,
+                                            group_size=self.cfg.generator.group_size)
+        self.rollouts += 1
+
+    def _gather(self, step: int) -> tuple[list[dict[str, Any]], list[str], list[Trajectory],
+                                          int, dict[str, Any]]:
+        """Wait until the buffer holds `tasks_per_step` whole groups; take the oldest."""
+        import ray
+
+        for i in range(len(self.generators)):
+            if i not in self.inflight:
+                self._submit(i)
+        outs: list[dict[str, Any]] = []
+        ids: list[str] = []
+        orphans = 0
+        want = self.cfg.generator.tasks_per_step
+        while len({t.group_id for t in self.buffer}) < want:
+            by_ref = {ref: i for i, ref in self.inflight.items()}
+            limit = self.cfg.learner.ingest.collect_timeout_s
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=limit)
+            if not ready:
+                raise RuntimeError(f"no generator finished a rollout within {limit}s")
+            i = by_ref[ready[0]]
+            del self.inflight[i]
+            try:
+                out = ray.get(ready[0])
+            except ray.exceptions.RayActorError:
+                print(f"[horizonrl] generator gen{i} died; restarting it", flush=True)
+                self.restart_generator(i)
+                self.gen_versions[i] = self.policy_version
+                self._submit(i)
+                continue
+            got, lost = self._collect(out["trajectory_ids"])
+            self.buffer += got
+            outs.append(out)
+            ids += out["trajectory_ids"]
+            orphans += lost
+            self._submit(i)
+        order = list(dict.fromkeys(t.group_id for t in self.buffer))[:want]
+        taken = [t for t in self.buffer if t.group_id in set(order)]
+        self.buffer = [t for t in self.buffer if t.group_id not in set(order)]
+        fresh, stale = split_stale(taken, self.policy_version, self.cfg.max_staleness)
+        self.dropped_stale += len(stale)
+        lag = [self.policy_version - t.policy_version for t in taken]
+        extra = {"async": {"dropped_stale": float(len(stale)),
+                           "dropped_stale_total": float(self.dropped_stale),
+                           "buffered": float(len(self.buffer)),
+                           "lag_mean": sum(lag) / max(len(lag), 1)}}
+        return outs, ids, fresh, orphans, extra
+
+    def _bumps_version(self, learn: dict[str, float]) -> bool:
+        # An update that trained nothing leaves the weights as they were: a new version would
+        # only make the data in flight look staler than it is.
+        return learn.get("skipped_update", 0.0) == 0.0
+
+    def _push_weights(self) -> dict[str, float]:
+        """Nothing to wait for: each generator picks the new weights up when its rollout ends.
+        Reports the reloads that finished since the last step."""
+        import ray
+
+        done, self._reload_seconds = ray.wait(self._reload_seconds,
+                                              num_returns=len(self._reload_seconds), timeout=0)
+        secs = ray.get(done)
+        return {"weight_sync_seconds": 0.0,
+                "weight_reload_seconds": max(secs) if secs else 0.0}
+
+    def close(self) -> None:
+        import ray
+
+        for ref in self.inflight.values():  # let in-flight rollouts end before the teardown
+            try:
+                ray.get(ref, timeout=60)
+            except Exception:  # a rollout failing now loses nothing that was trained on
+                pass
+        super().close()
