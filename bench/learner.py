@@ -9,7 +9,7 @@ of `--group-size` with mixed rewards so no group is skipped, behaviour logprobs 
 starting weights (so the first minibatch is on-policy). One "update" is `LearnerGroup.train` as the
 driver calls it: advantages, padding, `minibatches` AdamW steps per rank. Rows:
 
-- torch: one process, the baseline with 1 intra-op thread (`--torch-threads 1 2` adds rows). It
+- torch: one process, the baseline with 1 intra-op thread (`--torch-threads 1 2` adds a row). It
   mirrors a 2-rank update exactly: per minibatch it runs each rank's rows in turn, backpropagates
   loss / 2 (ZeRO's gradient average), clips and steps AdamW on the worker's warm-up schedule. Same
   tokens, FLOPs and optimizer steps, so its losses track the ZeRO-2 2-rank row's to ~1e-4.
@@ -24,11 +24,12 @@ core: 0.5 would be a perfect split, and what lies above it is the gloo allreduce
 the gradient bytes copied through loopback TCP, per optimizer step), the wait for the slower
 rank, and the fact that the 2 cores are shared with Ray, the driver and, here, other people's
 processes (the sd column shows how much). Small models make it worst: compute per step is tiny
-next to the fixed costs, which is why the two sizes differ. The same goes for a second intra-op
-thread (the `1 x 2` torch row): on the tiny model's small matrices its barriers cost more than
-they save and stall when the cores are busy; on the larger model it can match the 2 ranks. On
-GPUs each rank has its own device and NCCL overlaps the allreduce with backward, so the 2-rank
-ratio tends towards 1/world_size plus a communication term; ZeRO-2's real point there is memory
+next to the fixed costs, which is why the two sizes differ. A second intra-op thread (the
+`1 x 2` torch row, `--torch-threads 1 2`) is off by default: its barriers stall whenever other
+processes hold a core (measured here: 7-8x slower than 1 thread on the tiny model, and on the
+3.4M model 0.6x in a quiet spell but 10x under load), which would swamp the comparison. On GPUs
+each rank has its own device and NCCL overlaps the allreduce with backward, so the 2-rank ratio
+tends towards 1/world_size plus a communication term; ZeRO-2's real point there is memory
 (optimizer state and gradients split across ranks), which this bench does not measure.
 """
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -299,12 +301,12 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="tiny model folder (default: cache)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed updates per learner")
     ap.add_argument("--steps", type=int, default=5, help="timed updates per learner (at most)")
-    ap.add_argument("--max-seconds", type=float, default=40.0, help="cap on timed s per learner")
+    ap.add_argument("--max-seconds", type=float, default=30.0, help="cap on timed s per learner")
     ap.add_argument("--trajectories", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=300, help="mean tokens per trajectory")
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds the reference forward")
-    ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2],
+    ap.add_argument("--torch-threads", type=int, nargs="+", default=[1],
                     help="one torch row per value; the first is the baseline")
     ap.add_argument("--no-one-rank", dest="one_rank", action="store_false",
                     help="skip the ZeRO-2 1-rank row")
@@ -318,6 +320,7 @@ def main() -> None:
     if not (tiny / "config.json").exists():
         raise SystemExit(f"no model at {tiny}: run `horizonrl make-tiny-model` or pass --model")
     rows: list[Timing] = []
+    load_before = os.getloadavg()[0]  # the 2 cores are shared: say how busy they were
     with tempfile.TemporaryDirectory() as tmp, ray_session(RayConfig(num_cpus=2)):
         for size in args.sizes:
             path = tiny
@@ -328,7 +331,8 @@ def main() -> None:
             rows += bench_size(size, path, args)
     print(f"\n{args.trajectories} trajectories x ~{args.tokens} tokens, groups of "
           f"{args.group_size}; {args.warmup} warm-up updates excluded; 2 AdamW steps per "
-          f"update; kl_coef {args.kl_coef}\n")
+          f"update; kl_coef {args.kl_coef}; 1-min load average {load_before:.1f} at start, "
+          f"{os.getloadavg()[0]:.1f} at end on {os.cpu_count()} CPUs\n")
     print(table(rows))
 
 
