@@ -197,7 +197,8 @@ def _utf8(text: str) -> str:
 # ------------------------------------------------------------------------------------ app
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
-    for code, text in [(404, "Unknown env id."), (409, "Step or oracle before the first reset."),
+    for code, text in [(400, "The body is not parseable JSON (e.g. not UTF-8)."),
+                       (404, "Unknown env id."), (409, "Step or oracle before the first reset."),
                        (413, "Action over the size limit."), (500, "The env raised.")]
 }
 
@@ -307,7 +308,9 @@ def _query_id(id_: int | None, env_idx: int | None) -> int:
     """The env id of a GET: `?id=`, or AgentGym's `?env_idx=`."""
     env_id = id_ if id_ is not None else env_idx
     if env_id is None:
-        raise HTTPException(422, "query parameter 'id' is required")
+        # Shaped like FastAPI's own validation errors, which is what the schema documents.
+        raise HTTPException(422, [{"loc": ["query", "id"], "type": "missing",
+                                   "msg": "query parameter 'id' is required"}])
     return env_id
 
 

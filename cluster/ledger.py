@@ -1,0 +1,99 @@
+"""The run's trajectory ledger: every id generated ends in exactly one fate, trained or dropped
+with a reason, and the counts reconcile.
+
+Fates:
+- trained: in a policy update (for GRPO etc. after group filtering; for rejection sampling the
+  successful episodes).
+- dropped, with a reason: `env_error` / `timeout` (infrastructure failure, masked out of group
+  statistics, never scored 0), `generator_lost` (delivered by a generator that then died; its
+  share was re-run under new ids), `zero_variance` (group without reward variance),
+  `stale` (async: too many versions behind), `update_skipped` (too few rows for an update),
+  `not_selected` (dynamic sampling surplus, rejection sampling's failures), `in_flight` (async:
+  buffered when the run ended).
+Episodes that died with their generator before they had an id are counted apart
+(`generator_error`): they were re-issued, so they are not lost work but not ids either.
+
+The ledger appends one JSON line per fate to <run>/ledger.jsonl and keeps a summary in
+<run>/ledger.json; a run whose counts do not reconcile says so loudly at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REASONS = ("env_error", "timeout", "generator_lost", "zero_variance", "stale", "update_skipped",
+           "not_selected", "in_flight")
+
+
+class Ledger:
+    """Fates of trajectory ids; `summary()["reconciled"]` is the invariant."""
+
+    def __init__(self, run_dir: Path | None = None) -> None:
+        self.generated: set[str] = set()
+        self.fate: dict[str, str] = {}  # id -> "trained" | "dropped:<reason>"
+        self.conflicts: list[str] = []  # an id given two fates, or a fate without generation
+        self.generator_error = 0
+        self._log = (run_dir / "ledger.jsonl").open("a") if run_dir is not None else None
+        self._path = run_dir / "ledger.json" if run_dir is not None else None
+
+    def add_generated(self, ids: Iterable[str]) -> None:
+        for i in ids:
+            if i in self.generated:
+                self.conflicts.append(f"{i}: generated twice")
+            self.generated.add(i)
+
+    def add_trained(self, ids: Iterable[str], step: int) -> None:
+        self._settle(ids, "trained", step)
+
+    def add_dropped(self, ids: Iterable[str], reason: str, step: int) -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown drop reason {reason!r}; known: {', '.join(REASONS)}")
+        self._settle(ids, f"dropped:{reason}", step)
+
+    def add_generator_error(self, episodes: int) -> None:
+        """Episodes that died with their generator before they were pushed (no id)."""
+        self.generator_error += int(episodes)
+
+    def _settle(self, ids: Iterable[str], fate: str, step: int) -> None:
+        for i in ids:
+            if i not in self.generated:
+                self.conflicts.append(f"{i}: {fate} but never generated")
+            if i in self.fate:
+                self.conflicts.append(f"{i}: {fate} after {self.fate[i]}")
+                continue
+            self.fate[i] = fate
+            if self._log is not None:
+                self._log.write(json.dumps({"step": step, "id": i, "fate": fate}) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        fates = Counter(self.fate.values())
+        dropped = {r: fates.get(f"dropped:{r}", 0) for r in REASONS}
+        unaccounted = sorted(self.generated - set(self.fate))
+        return {"generated": len(self.generated), "trained": fates.get("trained", 0),
+                "dropped": {r: n for r, n in dropped.items() if n},
+                "dropped_total": sum(dropped.values()), "unaccounted": len(unaccounted),
+                "generator_error_episodes": self.generator_error,
+                "conflicts": len(self.conflicts),
+                "reconciled": not unaccounted and not self.conflicts}
+
+    def flush(self) -> dict[str, Any]:
+        """Write the summary (and the log so far); returns the summary."""
+        s = self.summary()
+        if self._log is not None:
+            self._log.flush()
+            self._path.write_text(json.dumps({**s, "conflict_examples": self.conflicts[:20]},
+                                             indent=2))
+        return s
+
+    def close(self) -> dict[str, Any]:
+        s = self.flush()
+        if self._log is not None:
+            self._log.close()
+        if not s["reconciled"]:
+            print(f"[horizonrl] LEDGER DOES NOT RECONCILE: {s['unaccounted']} trajectories "
+                  f"unaccounted, {s['conflicts']} conflicts (see ledger.json)", flush=True)
+        return s

@@ -1,0 +1,40 @@
+"""The trajectory ledger: one fate per id, reasons counted, reconciliation that can fail."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster.ledger import Ledger
+
+
+def test_reconciles_when_every_id_has_one_fate(tmp_path):
+    led = Ledger(tmp_path)
+    led.add_generated(["a", "b", "c", "d"])
+    led.add_trained(["a", "b"], step=0)
+    led.add_dropped(["c"], "zero_variance", step=0)
+    led.add_dropped(["d"], "env_error", step=0)
+    led.add_generator_error(3)
+    s = led.close()
+    assert s == {"generated": 4, "trained": 2, "dropped": {"env_error": 1, "zero_variance": 1},
+                 "dropped_total": 2, "unaccounted": 0, "generator_error_episodes": 3,
+                 "conflicts": 0, "reconciled": True}
+    assert json.loads((tmp_path / "ledger.json").read_text())["reconciled"] is True
+    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 4
+
+
+def test_unaccounted_double_fates_and_unknown_ids_break_it(capsys):
+    led = Ledger()
+    led.add_generated(["a", "b"])
+    led.add_trained(["a"], step=0)
+    assert led.summary()["unaccounted"] == 1 and not led.summary()["reconciled"]
+    led.add_trained(["b"], step=1)
+    assert led.summary()["reconciled"]
+    led.add_dropped(["b"], "stale", step=1)  # b was trained already
+    led.add_trained(["zzz"], step=1)         # never generated
+    s = led.close()
+    assert s["conflicts"] == 2 and not s["reconciled"]
+    assert "DOES NOT RECONCILE" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="unknown drop reason"):
+        led.add_dropped(["a"], "because", step=2)
