@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from actors.rollout import Completion
 
@@ -34,6 +35,8 @@ class VLLMEngine:
             use_tqdm_on_load=False,  # a progress bar on every weight reload is noise
             # Room for a whole lock-step turn's prefill in one engine step.
             max_num_batched_tokens=max(8192, max_model_len),
+            # Receiver methods for the broadcast weight sync, run in the worker via collective_rpc.
+            worker_extension_cls="actors.weight_receiver.WeightReceiverExtension",
         )
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_tokens: int,
@@ -74,3 +77,24 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
         # Cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache()
+
+    # -- broadcast weight sync (actors.weight_receiver; one worker per engine) -----------------
+    def weight_device(self) -> str | None:
+        """The engine's GPU UUID; None on CPU."""
+        return self.llm.collective_rpc("weight_receiver_device")[0]
+
+    def join_weight_group(self, *, host: str, port: int, rank: int, world_size: int,
+                          backend: str, timeout_s: float) -> None:
+        """Join the learner's weight group as `rank`; returns once every member has joined."""
+        self.llm.collective_rpc("join_weight_broadcast", kwargs={
+            "host": host, "port": port, "rank": rank, "world_size": world_size,
+            "backend": backend, "timeout_s": timeout_s})
+
+    def receive_weights(self, buckets: Sequence[Any]) -> int:
+        """Receive one broadcast push (`weight_receiver.Bucket`s) into the model; returns bytes."""
+        nbytes = self.llm.collective_rpc("receive_weight_buckets", args=(list(buckets),))[0]
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        return int(nbytes)
+
+    def leave_weight_group(self) -> None:
+        self.llm.collective_rpc("leave_weight_broadcast")

@@ -210,6 +210,28 @@ class GeneratorActor:
         timing["transport"] += time.perf_counter() - t0
         return [t.trajectory_id for t in trajs]
 
+    # -- broadcast weight sync (learner.weight_sync="broadcast"; see learner.weights) ---------
+    def weight_device(self) -> str | None:
+        """The engine's GPU UUID, None on CPU (NCCL needs a GPU of its own per member)."""
+        return self.engine.weight_device()
+
+    def join_weight_group(self, *, host: str, port: int, rank: int, world_size: int,
+                          backend: str, timeout_s: float) -> bool:
+        """Join learner rank 0's weight group as `rank`; returns once every member joined."""
+        self.engine.join_weight_group(host=host, port=port, rank=rank, world_size=world_size,
+                                      backend=backend, timeout_s=timeout_s)
+        return True
+
+    def receive_weights(self, buckets: Sequence[Any], version: int) -> float:
+        """Receive one broadcast push (the bytes come over the group); returns seconds."""
+        t0 = time.perf_counter()
+        self.engine.receive_weights(buckets)
+        self.policy_version = int(version)
+        return time.perf_counter() - t0
+
+    def leave_weight_group(self) -> None:
+        self.engine.leave_weight_group()
+
 
 def _by_env(envs: Sequence[str], idx: Sequence[int]) -> dict[str, list[int]]:
     """Episode indices grouped by env label, in order."""

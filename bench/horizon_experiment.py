@@ -32,7 +32,8 @@ SCHEDULES = {
 
 def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Path) -> list[dict]:
     from cluster.config import load_config
-    from cluster.driver import Trainer, make_run_dir
+    from cluster.driver import Trainer
+    from cluster.iteration import make_run_dir
 
     stage = max(1, iterations // 3)
     extra = [f"curriculum.steps_per_stage={stage}"] if name == "stepwise" else []

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.driver import Trainer, sample_tasks
+from cluster.driver import Trainer
+from cluster.iteration import Gathered, sample_tasks
 from protos.trajectory import Trajectory
 
 
@@ -57,8 +58,7 @@ class AsyncTrainer(Trainer):
                                             group_size=self.cfg.generator.group_size)
         self.rollouts += 1
 
-    def _gather(self, step: int) -> tuple[list[dict[str, Any]], list[str], list[Trajectory],
-                                          int, dict[str, Any]]:
+    def _gather(self, step: int) -> Gathered:
         """Wait until the buffer holds `tasks_per_step` whole groups; take the oldest."""
         import ray
 
@@ -67,7 +67,7 @@ class AsyncTrainer(Trainer):
                 self._submit(i)
         outs: list[dict[str, Any]] = []
         ids: list[str] = []
-        orphans = 0
+        orphans: list[str] = []
         want = self.cfg.generator.tasks_per_step
         while len({t.group_id for t in self.buffer}) < want:
             by_ref = {ref: i for i, ref in self.inflight.items()}
@@ -82,6 +82,8 @@ class AsyncTrainer(Trainer):
             except ray.exceptions.RayActorError:
                 print(f"[horizonrl] generator gen{i} died; restarting it", flush=True)
                 self.restart_generator(i)
+                self.ledger.add_generator_error(self.cfg.generator.tasks_per_step
+                                                * self.cfg.generator.group_size)
                 self.gen_versions[i] = self.policy_version
                 self._submit(i)
                 continue
@@ -101,7 +103,8 @@ class AsyncTrainer(Trainer):
                            "dropped_stale_total": float(self.dropped_stale),
                            "buffered": float(len(self.buffer)),
                            "lag_mean": sum(lag) / max(len(lag), 1)}}
-        return outs, ids, fresh, orphans, extra
+        return Gathered(outs=outs, generated=ids, trajs=fresh, orphans=orphans,
+                        dropped={"stale": [t.trajectory_id for t in stale]}, metrics=extra)
 
     def _bumps_version(self, learn: dict[str, float]) -> bool:
         # An update that trained nothing leaves the weights as they were: a new version would
@@ -127,4 +130,8 @@ class AsyncTrainer(Trainer):
                 ray.get(ref, timeout=60)
             except Exception:  # a rollout failing now loses nothing that was trained on
                 pass
+        # Buffered trajectories were generated (and counted) but never trained on. Rollouts
+        # still in flight were never collected, so they never entered the ledger.
+        self.ledger.add_dropped([t.trajectory_id for t in self.buffer], "in_flight",
+                                self.step_count)
         super().close()

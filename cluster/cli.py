@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             from cluster.plan import dry_run
 
             return dry_run(cfg)
+        from cluster.driver import LearnerLost
         from cluster.run import train
 
         try:
@@ -217,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as exc:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 2
+        except LearnerLost as exc:
+            print(f"horizonrl: {exc}", file=sys.stderr)
+            return 3
+        except KeyboardInterrupt:
+            print("horizonrl: interrupted; continue with `horizonrl train ... --resume auto` "
+                  "(from the last checkpoint)", file=sys.stderr)
+            return 130
         return 0
     from cluster.models import build_from_config
 

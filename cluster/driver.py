@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,107 +27,30 @@ from cluster.checkpoints import (
     write_probe,
     write_state,
 )
-from cluster.config import RunConfig, dump_config
+from cluster.config import RunConfig
+from cluster.iteration import (
+    Gathered,
+    collect_trajectories,
+    env_metrics,
+    flatten,
+    resolved_learner,
+    rollout_metrics,
+    sample_tasks,
+)
+from cluster.ledger import Ledger
 from cluster.metrics import MetricsLogger
 from cluster.models import ensure_model
-from cluster.prometheus import PrometheusExporter, repeated_action_rate
-from envpool.base import EVAL_SEED_OFFSET
+from cluster.prometheus import PrometheusExporter
 from envpool.pool import EnvPool
-from learner.config import LearnerConfig
 from learner.group import LearnerGroup, groups_with_signal
 from learner.ingest import TrajectoryIngest, is_wildcard
-from learner.weights import ObjectStoreWeightSync
+from learner.weights import make_weight_sync
 from protos.codec import to_json_line
-from protos.trajectory import Failure, Trajectory
+from protos.trajectory import Trajectory
 
 
-def make_run_dir(cfg: RunConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.run_root) / f"{cfg.name}__{cfg.seed}__{stamp}"
-    run_dir.mkdir(parents=True, exist_ok=False)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    return run_dir
-
-
-def sample_tasks(cfg: RunConfig, step: int, sampling_round: int = 0) -> list[Task]:
-    """Training tasks for `step`: train-split seeds, each task's env drawn by the env weights;
-    reproducible from (seed, step, round). Rounds after the first (dynamic sampling) draw fresh
-    tasks whose group ids carry the round."""
-    rng = np.random.default_rng([cfg.seed, step] + ([2, sampling_round] if sampling_round else []))
-    seeds = rng.integers(0, EVAL_SEED_OFFSET, size=cfg.generator.tasks_per_step)
-    envs = cfg.envs
-    if len(envs) == 1:
-        picks = np.zeros(len(seeds), dtype=int)
-    else:
-        w = np.array([e.weight for e in envs], dtype=float)
-        pick_rng = np.random.default_rng([cfg.seed, step, 1])
-        picks = pick_rng.choice(len(envs), len(seeds), p=w / w.sum())
-    tasks = [Task(task_id=f"{envs[k].key}-{int(s)}", seed=int(s), env=envs[k].key)
-             for s, k in zip(seeds, picks)]
-    if sampling_round:
-        tasks = [replace(t, group=f"s{step}r{sampling_round}-{t.task_id}") for t in tasks]
-    return tasks
-
-
-def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    ok = [t for t in trajs if t.failure is Failure.NONE]
-    turns = sum(t.num_turns for t in ok)
-    n = max(len(ok), 1)
-    return {
-        "reward_mean": sum(t.reward for t in ok) / n,
-        "success_rate": sum(bool(t.info.get("success", False)) for t in ok) / n,
-        "turns_mean": turns / n,
-        "invalid_action_rate": sum(t.info.get("invalid_actions", 0) for t in ok) / max(turns, 1),
-        "truncated_rate": sum(t.truncated for t in ok) / n,
-        # Episodes that ran out of turns: what the adaptive curriculum watches.
-        "truncated_at_horizon_rate": sum(t.truncated and t.num_turns >= t.horizon
-                                         for t in ok) / n,
-        "repeated_action_rate": repeated_action_rate(ok),
-        "failed_episodes": float(len(trajs) - len(ok)),
-        "max_turns": float(max((t.num_turns for t in trajs), default=0)),
-    }
-
-
-def env_metrics(cfg: RunConfig, trajs: Sequence[Trajectory],
-                outs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per env label: pool counters summed over generators, and (in multi-env runs) the rollout
-    metrics of that env's episodes."""
-    out: dict[str, dict[str, float]] = {}
-    for e in cfg.envs:
-        stats = [o["env_stats"][e.key] for o in outs if e.key in o.get("env_stats", {})]
-        pool = {k: float(sum(st[k] for st in stats)) for k in stats[0]} if stats else {}
-        if pool:
-            pool["call_latency_mean_s"] = pool["call_seconds"] / max(pool["calls"], 1.0)
-        out[e.key] = {f"pool_{k}": v for k, v in pool.items()}
-        if len(cfg.envs) > 1:
-            out[e.key].update(rollout_metrics([t for t in trajs if t.env_name == e.key]))
-    return out
-
-
-def resolved_learner(cfg: RunConfig) -> LearnerConfig:
-    """The learner config with mode-dependent defaults filled in (the decoupled loss is on in
-    async mode unless set explicitly)."""
-    if cfg.learner.decoupled_loss is None:
-        return cfg.learner.model_copy(update={"decoupled_loss": cfg.mode == "async"})
-    return cfg.learner
-
-
-def collect_trajectories(ingest: TrajectoryIngest, ids: list[str],
-                         timeout_s: float) -> tuple[list[Trajectory], int]:
-    """Exactly the trajectories with `ids` from the ingest, in that order; others (from a
-    generator that died mid-step) are counted and dropped."""
-    want, got, orphans = set(ids), {}, 0
-    deadline = time.monotonic() + timeout_s
-    while len(got) < len(want) and time.monotonic() < deadline:
-        for t in ingest.take(len(want) - len(got), timeout=max(0.1, deadline - time.monotonic())):
-            if t.trajectory_id in want:
-                got[t.trajectory_id] = t
-            else:
-                orphans += 1
-    if len(got) != len(want):
-        raise RuntimeError(f"generators sent {len(want)} trajectories, the ingest delivered "
-                           f"{len(got)} of them within {timeout_s}s")
-    return [got[i] for i in ids], orphans
+class LearnerLost(RuntimeError):
+    """A learner rank died: the run cannot go on without a restart from a checkpoint."""
 
 
 class Trainer:
@@ -167,7 +88,7 @@ class Trainer:
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
         if resume:
             self._restore_learner(resume)
-        self.weights = ObjectStoreWeightSync(self.learner, self.generators)
+        self.weights = make_weight_sync(cfg.learner, self.learner, self.generators)
         self.metrics = MetricsLogger(
             run_dir, wandb_config=cfg.model_dump(mode="json") if cfg.metrics.wandb else None)
         self.exporter = None
@@ -179,6 +100,7 @@ class Trainer:
             print(f"[horizonrl] Prometheus metrics on http://{self.exporter.address}/metrics",
                   flush=True)
         self.last_trajectories: list[Trajectory] = []
+        self.ledger = Ledger.resume(run_dir, self.step_count)
 
     def __enter__(self) -> Trainer:
         return self
@@ -227,31 +149,35 @@ class Trainer:
                 print(f"[horizonrl] generator gen{i} died in step {step}; restarting it and "
                       f"re-running its {len(share)} tasks", flush=True)
                 self.restart_generator(i)
+                self.ledger.add_generator_error(len(share) * group)
                 outs.append(ray.get(self.generators[i].rollout.remote(
                     share, step=step, group_size=group)))
         return outs
 
-    def _fill_with_signal(self, trajs: list[Trajectory], outs: list[dict[str, Any]],
-                          step: int) -> tuple[list[Trajectory], dict[str, float]]:
+    def _fill_with_signal(self, g: Gathered, step: int) -> None:
         """Dynamic sampling (DAPO): roll out fresh tasks until tasks_per_step groups have
         reward variance or max_sampling_rounds is reached; keep the first tasks_per_step such
-        groups. Extends `outs` in place; the dropped groups are counted."""
+        groups, the rest is dropped as not_selected. Updates `g` in place."""
         want = self.cfg.generator.tasks_per_step
         rounds = 1
-        while (len(groups_with_signal(trajs)) < want
+        while (len(groups_with_signal(g.trajs)) < want
                and rounds < self.cfg.learner.max_sampling_rounds):
             more = self._rollout(sample_tasks(self.cfg, step, rounds), step)
-            outs.extend(more)
-            trajs = trajs + self._collect([t for o in more for t in o["trajectory_ids"]])[0]
+            ids = [t for o in more for t in o["trajectory_ids"]]
+            got, orphans = self._collect(ids)
+            g.outs += more
+            g.generated += ids
+            g.orphans += orphans
+            g.trajs = g.trajs + got
             rounds += 1
-        keep = set(groups_with_signal(trajs)[:want])
-        kept = [t for t in trajs if t.group_id in keep]
-        groups = len({t.group_id for t in trajs})
-        return kept, {"rounds": float(rounds), "groups_with_signal": float(len(keep)),
-                      "groups_dropped": float(groups - len(keep)),
-                      "trajectories_dropped": float(len(trajs) - len(kept))}
+        keep = set(groups_with_signal(g.trajs)[:want])
+        groups = len({t.group_id for t in g.trajs})
+        g.dropped["not_selected"] = [t.trajectory_id for t in g.trajs if t.group_id not in keep]
+        g.trajs = [t for t in g.trajs if t.group_id in keep]
+        g.metrics["sampling"] = {"rounds": float(rounds), "groups_with_signal": float(len(keep)),
+                                 "groups_dropped": float(groups - len(keep))}
 
-    def _collect(self, ids: list[str]) -> tuple[list[Trajectory], int]:
+    def _collect(self, ids: list[str]) -> tuple[list[Trajectory], list[str]]:
         return collect_trajectories(self.ingest, ids, self.cfg.learner.ingest.collect_timeout_s)
 
     def step(self) -> dict[str, Any]:
@@ -260,12 +186,14 @@ class Trainer:
 
         step, t_start = self.step_count, time.perf_counter()
         horizon, _ = ray.get(self.curriculum.current.remote())
-        outs, ids, trajs, orphans, extra = self._gather(step)
+        g = self._gather(step)
+        outs, trajs = g.outs, g.trajs
         t_rollout = time.perf_counter() - t_start
         staleness = max((self.policy_version - t.policy_version for t in trajs), default=0)
         t0 = time.perf_counter()
-        learn = self.learner.train(trajs)
+        learn = self._train(trajs)
         t_learn = time.perf_counter() - t0
+        trained = self._account(step, g, trajs)
         if self._bumps_version(learn):
             self.policy_version += 1
         sync = self._push_weights()
@@ -281,9 +209,9 @@ class Trainer:
         env_steps = sum(o["env_steps"] for o in outs)
         m = {"step": step, "horizon": horizon, "next_horizon": new_horizon,
              "policy_version": self.policy_version, **roll,
-             "trajectories_generated": len(ids), "trajectories_ingested": len(ids),
-             "trajectories_trained": len(trajs),
-             "trajectories_orphaned": orphans, **extra,
+             "trajectories_generated": len(g.generated), "trajectories_orphaned": len(g.orphans),
+             "trajectories_trained": trained, **g.metrics,
+             "ledger": self.ledger.flush(),
              "ingest_duplicates": self.ingest.stats()["duplicates"],
              "generator_restarts": self.generator_restarts,
              "env_restarts": sum(o["env_restarts"] for o in outs),
@@ -291,14 +219,15 @@ class Trainer:
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),
              "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
-             "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"]}
+             "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"],
+             "weight_sync": {k: v for k, v in sync.items() if k != "weight_reload_seconds"}}
         m["env"] = env_metrics(self.cfg, trajs, outs)
         every = self.cfg.eval.every
         if every and (self.step_count % every == 0 or self.step_count == self.cfg.iterations):
             m.update(self.evaluate())
         if decision is not None:
             m["curriculum_decision"] = decision["reason"]
-        flat = _flatten(m)
+        flat = flatten(m)
         self.metrics.log(step, flat)
         if self.exporter is not None:
             self.exporter.observe(flat, trajs)
@@ -310,19 +239,46 @@ class Trainer:
                 "".join(to_json_line(t) + "\n" for t in trajs))
         return m
 
-    def _gather(self, step: int) -> tuple[list[dict[str, Any]], list[str], list[Trajectory],
-                                          int, dict[str, Any]]:
+    def _gather(self, step: int) -> Gathered:
         """Sync mode: roll out this step's tasks (more with dynamic sampling) and collect
-        exactly those trajectories. Returns (rollout outputs, ids generated, trajectories to
-        train on, orphans, extra metrics)."""
+        exactly those trajectories."""
         outs = self._rollout(sample_tasks(self.cfg, step), step)
         ids = [tid for o in outs for tid in o["trajectory_ids"]]
         trajs, orphans = self._collect(ids)
-        sampling = {"rounds": 1.0, "groups_dropped": 0.0}
+        g = Gathered(outs=outs, generated=ids, trajs=trajs, orphans=orphans,
+                     metrics={"sampling": {"rounds": 1.0, "groups_dropped": 0.0}})
         if self.cfg.learner.dynamic_sampling:
-            trajs, sampling = self._fill_with_signal(trajs, outs, step)
-            ids = [tid for o in outs for tid in o["trajectory_ids"]]
-        return outs, ids, trajs, orphans, {"sampling": sampling}
+            self._fill_with_signal(g, step)
+        return g
+
+    def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """The learner update; a dead learner rank ends the run with what to do next."""
+        import ray
+
+        try:
+            return self.learner.train(trajs)
+        except ray.exceptions.RayActorError as exc:
+            self.ledger.close()
+            raise LearnerLost(
+                f"a learner rank died during the update of step {self.step_count} "
+                f"({type(exc).__name__}); the run stops here. Continue it with `horizonrl "
+                f"train --config ... --resume auto` (from the last checkpoint)") from None
+
+    def _account(self, step: int, g: Gathered, trajs: list[Trajectory]) -> int:
+        """Every id of this step into the ledger: generated, then trained or dropped. Returns
+        how many were trained."""
+        led = self.ledger
+        led.add_generated(g.generated + g.orphans)
+        led.add_dropped(g.orphans, "generator_lost", step)
+        for reason, ids in g.dropped.items():
+            led.add_dropped(ids, reason, step)
+        for fate, idx in self.learner.fates(trajs).items():
+            ids = [trajs[i].trajectory_id for i in idx]
+            if fate == "trained":
+                led.add_trained(ids, step)
+            else:
+                led.add_dropped(ids, fate, step)
+        return len(self.learner.fates(trajs).get("trained", []))
 
     def _bumps_version(self, learn: dict[str, float]) -> bool:
         return True  # sync: every iteration is a version (generators reload in lock-step)
@@ -395,18 +351,12 @@ class Trainer:
         self.learner.load_checkpoint(state_dir)
 
     def close(self) -> None:
+        summary = self.ledger.close()
+        print(f"[horizonrl] ledger: {summary['generated']} generated, {summary['trained']} "
+              f"trained, dropped {summary['dropped'] or 'none'}, "
+              f"{'reconciled' if summary['reconciled'] else 'NOT RECONCILED'}", flush=True)
         if self.exporter is not None:
             self.exporter.close()
         self.metrics.close()
         self.learner.shutdown()
         self.ingest.stop()
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out

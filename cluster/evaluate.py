@@ -90,9 +90,9 @@ def evaluate(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig
     """Evaluate each labelled model; write the report to `out`; return the summary."""
     import ray
 
-    from cluster.driver import collect_trajectories
     from cluster.eval_metrics import summarise
     from cluster.eval_report import write_report
+    from cluster.iteration import collect_trajectories
     from cluster.runtime import ray_session
     from learner.ingest import TrajectoryIngest
 

@@ -40,6 +40,26 @@ class Ledger:
         self._log = (run_dir / "ledger.jsonl").open("a") if run_dir is not None else None
         self._path = run_dir / "ledger.json" if run_dir is not None else None
 
+    @classmethod
+    def resume(cls, run_dir: Path, step: int) -> Ledger:
+        """The run's ledger as it stood before `step` (later lines belong to steps about to be
+        run again, as with metrics.jsonl), appending from there."""
+        path = run_dir / "ledger.jsonl"
+        lines = []
+        if path.exists():
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            lines = [x for x in lines if x["step"] < step]
+            path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        led = cls(run_dir)
+        for x in lines:
+            led.generated.add(x["id"])
+            led.fate[x["id"]] = x["fate"]
+        summary = run_dir / "ledger.json"
+        if summary.exists() and lines:
+            led.generator_error = json.loads(summary.read_text()).get(
+                "generator_error_episodes", 0)
+        return led
+
     def add_generated(self, ids: Iterable[str]) -> None:
         for i in ids:
             if i in self.generated:

@@ -108,8 +108,13 @@ class PrometheusExporter:
                 self.turns.labels(**self.labels).observe(t.num_turns)
         c = self.counters
         c["trajectories_ingested"].labels(**self.labels).inc(len(trajs))
-        c["trajectories_dropped"].labels(**self.labels, reason="generator_lost").inc(
-            m.get("trajectories_orphaned", 0))
+        for key, total in m.items():  # the ledger's running totals, per drop reason
+            if key.startswith("ledger/dropped/") and isinstance(total, (int, float)):
+                reason = key.rsplit("/", 1)[1]
+                last = self._last.get(key, 0.0)
+                c["trajectories_dropped"].labels(**self.labels, reason=reason).inc(
+                    max(0.0, float(total) - last))
+                self._last[key] = float(total)
         c["env_errors"].labels(**self.labels).inc(m.get("failed_episodes", 0))
         for key, name in (("ingest_duplicates", "trajectories_duplicate"),
                           ("env_restarts", "env_restarts"),

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from cluster.checkpoints import find_checkpoint, load_resume, truncate_metrics
 from cluster.config import RunConfig
-from cluster.driver import Trainer, make_run_dir
+from cluster.driver import Trainer
+from cluster.iteration import make_run_dir
 from cluster.metrics import ProgressReporter
 from cluster.models import ensure_model
 

@@ -47,6 +47,8 @@ _SPECS: dict[str, Callable[[], EnvSpec]] = {
     "textcraft": _from_module("textcraft", "envpool.textcraft", "TextCraftEnv"),
     "sciworld": _from_module("sciworld", "envpool.sciworld", "SciWorldEnv"),
     "deepsearch": _from_module("deepsearch", "envpool.deepsearch", "DeepSearchEnv"),
+    # Fault injection around an env, for chaos tests and drills (envpool/faults.py).
+    "faulty": _from_module("faulty", "envpool.faults", "FaultyEnv"),
     # Any AgentGym env server (WebArena, WebShop, SearchQA, or `horizonrl env-server`).
     "agentgym": _from_module("agentgym", "envpool.agentgym_http", "AgentGymHTTPEnv"),
 }

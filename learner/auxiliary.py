@@ -87,20 +87,28 @@ def sft_examples_from_trajectories(trajs: Iterable[Trajectory], *,
             if _usable(t) and (succeeded(t) or not only_successful)]
 
 
-def rejection_sampling_examples(trajs: Iterable[Trajectory]) -> list[SFTExample]:
-    """Successful episodes as SFT data, one per distinct response within each group.
+def rejection_sampling_indices(trajs: Sequence[Trajectory]) -> list[int]:
+    """Which episodes rejection sampling keeps: successful ones, one per distinct response
+    within each group.
 
     Duplicates are common when a group's samples converge on the same solution; keeping them
     would weight easy tasks by how often the policy already solves them.
     """
     seen: set[tuple[str, tuple[int, ...], tuple[int, ...]]] = set()
     out = []
-    for t in trajs:
+    for i, t in enumerate(trajs):
         key = (t.group_id, t.prompt_ids, t.response_ids)
         if _usable(t) and succeeded(t) and key not in seen:
             seen.add(key)
-            out.append(_example(t.prompt_ids, t.response_ids, t.response_mask))
+            out.append(i)
     return out
+
+
+def rejection_sampling_examples(trajs: Iterable[Trajectory]) -> list[SFTExample]:
+    """The kept episodes (`rejection_sampling_indices`) as SFT data."""
+    trajs = list(trajs)
+    return [_example(trajs[i].prompt_ids, trajs[i].response_ids, trajs[i].response_mask)
+            for i in rejection_sampling_indices(trajs)]
 
 
 def dpo_pairs_from_groups(trajs: Iterable[Trajectory], *,

@@ -23,6 +23,24 @@ class IngestConfig(BaseModel):
     collect_timeout_s: float = Field(
         300.0, gt=0, description="How long the learner waits for a step's trajectories."
     )
+    max_trajectory_bytes: int = Field(
+        64 << 20, ge=1 << 16, description="Largest encoded trajectory the ingest reassembles "
+        "from chunks (a 32k-token episode is ~0.3 MB); larger ones are rejected.",
+    )
+    tls_cert_path: str | None = Field(
+        None, description="PEM certificate of the ingest; with tls_key_path, serve TLS only.")
+    tls_key_path: str | None = Field(None, description="PEM private key for tls_cert_path.")
+    tls_ca_path: str | None = Field(
+        None, description="PEM CA bundle generators trust for the ingest's certificate "
+        "(the certificate itself when self-signed); unset: plaintext.",
+    )
+
+    def model_post_init(self, _context: object) -> None:
+        # A validator without a new import: pydantic reports this ValueError as a
+        # ValidationError like any field error.
+        if (self.tls_cert_path is None) != (self.tls_key_path is None):
+            raise ValueError("learner.ingest: set tls_cert_path and tls_key_path together "
+                             "(both PEM files), or neither for plaintext")
 
 
 class LearnerConfig(BaseModel):
@@ -109,4 +127,13 @@ class LearnerConfig(BaseModel):
         False, description="Build DeepSpeed's CPU shared-memory allreduce (a 1-2 min JIT "
         "compile on first use); gloo alone is enough for small models."
     )
+    weight_sync: Literal["object_store", "broadcast"] = Field(
+        "object_store", description="How sync-mode runs push weights to the generators: "
+        "object_store (rank 0's state dict through Ray, each engine reloads it from a file) or "
+        "broadcast (rank 0 broadcasts it in buckets over a process group with the engines: "
+        "NCCL when every member has a GPU of its own, else gloo). Async runs always hand "
+        "weights over through the object store.")
+    weight_bucket_mb: float = Field(
+        64.0, gt=0, description="Broadcast: most MiB per bucket (one flat broadcast each; "
+        "bounds the extra memory on both sides); a larger tensor is sent alone.")
     ingest: IngestConfig = Field(default_factory=IngestConfig, description="Trajectory ingest.")

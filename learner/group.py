@@ -93,6 +93,35 @@ class LearnerGroup:
         keep = set(groups_with_signal(trajs))
         return [i for i in range(len(trajs)) if valid[i] and trajs[i].group_id in keep]
 
+    def fates(self, trajs: Sequence[Trajectory]) -> dict[str, list[int]]:
+        """What `train(trajs)` does with each episode: "trained", or the reason it is not
+        ("env_error", "timeout", "generator_lost" for infrastructure failures, "zero_variance",
+        "not_selected", "update_skipped"). Indices into `trajs`; for the run's ledger."""
+        out: dict[str, list[int]] = {}
+        valid = valid_mask(trajs)
+        for i, t in enumerate(trajs):
+            if not valid[i]:
+                reason = "generator_lost" if t.failure.value == "generator_error" else \
+                    t.failure.value
+                out.setdefault(reason, []).append(i)
+        if self.cfg.algorithm == "rejection_sampling":
+            from learner.auxiliary import rejection_sampling_indices
+
+            keep = set(rejection_sampling_indices(trajs))
+            chosen = [i for i in range(len(trajs)) if valid[i] and i in keep]
+            skipped = len(chosen) < self.cfg.world_size
+        else:
+            chosen = self.select(trajs)
+            keep = set(chosen)
+            skipped = len(chosen) < self.cfg.world_size * self.cfg.minibatches
+        rest = [i for i in range(len(trajs)) if valid[i] and i not in keep]
+        if rest:
+            out["not_selected" if self.cfg.algorithm == "rejection_sampling"
+                else "zero_variance"] = rest
+        if chosen:
+            out["update_skipped" if skipped else "trained"] = chosen
+        return out
+
     def train(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """One policy update on whole groups; an update with too few rows is skipped."""
         import ray
@@ -215,3 +244,36 @@ class LearnerGroup:
         for w in self.workers:
             ray.kill(w)
         remove_placement_group(self.pg)
+
+    # -- broadcast weight sync (see learner.weights.BroadcastWeightSync) ----------------------
+    def weight_specs(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, shape, dtype) of every tensor rank 0 sends in a push (a ZeRO-3 gather)."""
+        import ray
+
+        return ray.get([w.weight_specs.remote() for w in self.workers])[0]
+
+    def weight_device(self) -> str | None:
+        """Rank 0's GPU UUID (None on CPU)."""
+        import ray
+
+        return ray.get(self.workers[0].weight_device.remote())
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """Rank 0's node IP and a free port there: rank 0 hosts the weight group's rendezvous."""
+        import ray
+
+        return ray.get(self.workers[0].rendezvous_address.remote())
+
+    def join_weight_group_ref(self, **kwargs: Any) -> Any:
+        """Rank 0 joins the weight group (`LearnerWorker.join_weight_group` arguments). A ref:
+        the join returns only once every receiver has joined too."""
+        return self.workers[0].join_weight_group.remote(**kwargs)
+
+    def broadcast_weights_refs(self, buckets: Sequence[Any]) -> list[Any]:
+        """Every rank's part of one push, as refs: the receivers must be receiving meanwhile."""
+        return [w.broadcast_weights.remote(buckets) for w in self.workers]
+
+    def leave_weight_group(self) -> None:
+        import ray
+
+        ray.get(self.workers[0].leave_weight_group.remote())

@@ -1,20 +1,44 @@
-"""Weight sync from the learner to the generators, behind one interface.
+"""Weight sync from the learner to the generators, behind one interface (`WeightSync`).
 
-CPU strategy (the one verified on this machine): rank 0 gathers the full HF state dict, it goes
-to every generator through Ray's object store, and each engine reloads it in place. An NCCL
-broadcast group is the GPU strategy to add behind the same `WeightSync` protocol.
+Two strategies, picked by `learner.weight_sync`:
+- object_store: rank 0 gathers the full HF state dict, it goes to every generator through Ray's
+  object store, and each engine reloads it from a safetensors file.
+- broadcast: rank 0 and the generators' engines form a process group of their own and rank 0
+  broadcasts the state dict in buckets (NCCL on GPUs, gloo on CPU; the same code path). The
+  receivers' half is in `actors.weight_receiver`.
+Both send the full state dict including a tied `lm_head.weight`: vLLM leaves a tied head stale
+when it is missing.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
+
+import torch
+
+from actors.weight_receiver import Backend, BroadcastGroup, Bucket, TensorSpec
+from learner.config import LearnerConfig
+
+ALIGN = 16  # bytes: each tensor starts aligned so the receiver can view it in any dtype
 
 
 class WeightSync(Protocol):
     """Pushes the learner's current weights to the generators as `version`."""
 
     def push(self, version: int) -> dict[str, float]: ...
+
+
+def make_weight_sync(cfg: LearnerConfig, learner: Any, generators: list[Any], *,
+                     timeout_s: float = 300.0) -> WeightSync:
+    """The strategy `cfg.weight_sync` names. `generators` is the driver's own list: a restarted
+    generator swapped into it is seen by the next push."""
+    if cfg.weight_sync == "broadcast":
+        return BroadcastWeightSync(learner, generators, timeout_s=timeout_s,
+                                   bucket_bytes=int(cfg.weight_bucket_mb * 2**20))
+    return ObjectStoreWeightSync(learner, generators, timeout_s=timeout_s)
 
 
 class ObjectStoreWeightSync:
@@ -34,3 +58,165 @@ class ObjectStoreWeightSync:
                            timeout=self.timeout_s)
         return {"weight_sync_seconds": time.perf_counter() - t0,
                 "weight_reload_seconds": max(reload_s)}
+
+
+# -- broadcast --------------------------------------------------------------------------------
+def bucket_plan(names_shapes_dtypes: Iterable[tuple[str, Sequence[int], str]],
+                bucket_bytes: int) -> list[Bucket]:
+    """Tensors in the given order, packed greedily into buckets of at most `bucket_bytes`
+    (alignment padding included); a tensor larger than a bucket travels alone.
+    Dtypes are torch dtype names ("float32"; a "torch." prefix is dropped)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets: list[Bucket] = []
+    current: list[TensorSpec] = []
+    end = 0  # bytes used in the current bucket
+    for name, shape, dtype in names_shapes_dtypes:
+        spec = TensorSpec(name, tuple(int(d) for d in shape), str(dtype).removeprefix("torch."),
+                          offset=0)
+        start = -(-end // ALIGN) * ALIGN
+        if current and start + spec.nbytes > bucket_bytes:
+            buckets.append(Bucket(tuple(current), end))
+            current, start = [], 0
+        current.append(replace(spec, offset=start))
+        end = start + spec.nbytes
+    if current:
+        buckets.append(Bucket(tuple(current), end))
+    return buckets
+
+
+def hf_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s state dict, detached, with `lm_head.weight` even when tied to the embeddings
+    (vLLM leaves a tied head stale if the push lacks it)."""
+    sd = {k: v.detach() for k, v in module.state_dict().items()}
+    if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    return sd
+
+
+def state_specs(state: Mapping[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, dtype name) per tensor, in order: the input of `bucket_plan`."""
+    return [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in state.items()]
+
+
+def pack_bucket(bucket: Bucket, tensors: Mapping[str, torch.Tensor],
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """One flat uint8 buffer on `device` holding `bucket`'s tensors at their offsets."""
+    flat = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
+    for spec in bucket.tensors:
+        t = tensors[spec.name]
+        if tuple(t.shape) != spec.shape or t.dtype != getattr(torch, spec.dtype):
+            raise ValueError(f"{spec.name} is {tuple(t.shape)} {t.dtype}, the bucket plan says "
+                             f"{spec.shape} {spec.dtype}: the model changed after the plan")
+        flat[spec.offset:spec.offset + spec.nbytes].copy_(
+            t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return flat
+
+
+def send_buckets(group: BroadcastGroup, buckets: Sequence[Bucket],
+                 state: Mapping[str, torch.Tensor]) -> int:
+    """Rank 0's half of a push: pack and broadcast each bucket in plan order (one bucket in
+    flight at a time bounds the extra memory); returns the payload bytes sent."""
+    for bucket in buckets:
+        group.broadcast(pack_bucket(bucket, state, group.device), src=0)
+    group.synchronize()
+    return sum(b.payload_bytes for b in buckets)
+
+
+def choose_backend(devices: Sequence[str | None]) -> Backend:
+    """NCCL when every member has a GPU of its own (`devices` are GPU UUIDs, None for a CPU
+    member); gloo otherwise: NCCL has no CPU tensors and refuses two members on one GPU."""
+    if devices and all(d is not None for d in devices) and len(set(devices)) == len(devices):
+        return "nccl"
+    return "gloo"
+
+
+def _get_all(refs: list[Any], timeout_s: float) -> list[Any]:
+    """`ray.get(refs)`, but raising as soon as any of them fails: the other members of a
+    collective would otherwise keep us waiting for their own timeouts."""
+    import ray
+
+    pending, deadline = list(refs), time.monotonic() + timeout_s
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1,
+                                  timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TimeoutError(f"weight sync: {len(pending)} member call(s) still running after "
+                               f"{timeout_s:.0f}s")
+        ray.get(ready)  # re-raises that member's error now
+    return ray.get(refs)
+
+
+class BroadcastWeightSync:
+    """Learner rank 0 broadcasts the full state dict in buckets to one receiver per generator.
+
+    The group (learner rank 0 is rank 0, generator i is rank i + 1) is formed on the first push,
+    so async runs, which hand weights over through the object store, never build one. It is
+    re-formed as a whole when the driver's generator list changed (a restarted generator is
+    swapped into it) or a push failed: simpler and safer than patching one rank into a live NCCL
+    communicator, and restarts are rare. Each member leaves its old group when it joins anew.
+    """
+
+    def __init__(self, learner: Any, generators: list[Any], *, bucket_bytes: int,
+                 timeout_s: float = 300.0) -> None:
+        self.learner = learner
+        self.generators = generators  # the driver's own list (see make_weight_sync)
+        self.bucket_bytes, self.timeout_s = bucket_bytes, timeout_s
+        self.buckets: list[Bucket] = []
+        self.backend: Backend | None = None
+        self._members: list[Any] | None = None  # the handles the live group was formed with
+
+    def push(self, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        setup_s = 0.0 if self._formed() else self._form()
+        try:
+            sent = self.learner.broadcast_weights_refs(self.buckets)
+            received = [g.receive_weights.remote(self.buckets, version) for g in self.generators]
+            results = _get_all([*sent, *received], self.timeout_s)
+        except Exception:
+            self._members = None  # a member died or hung: the next push forms a new group
+            raise
+        nbytes, reload_s = max(results[:len(sent)]), results[len(sent):]
+        return {"weight_sync_seconds": time.perf_counter() - t0,
+                "weight_reload_seconds": max(reload_s),
+                "weight_sync_bytes": float(nbytes),
+                "weight_sync_buckets": float(len(self.buckets)),
+                "weight_group_setup_seconds": setup_s}
+
+    def _formed(self) -> bool:
+        members = self._members
+        return members is not None and len(members) == len(self.generators) and all(
+            a is b for a, b in zip(members, self.generators))
+
+    def _form(self) -> float:
+        """(Re)build the group over the current generators; returns the seconds it took."""
+        import ray
+
+        t0 = time.perf_counter()
+        gens = list(self.generators)
+        self.buckets = bucket_plan(self.learner.weight_specs(), self.bucket_bytes)
+        devices = [self.learner.weight_device(),
+                   *ray.get([g.weight_device.remote() for g in gens], timeout=self.timeout_s)]
+        self.backend = choose_backend(devices)
+        host, port = self.learner.weight_group_address()
+        common = {"host": host, "port": port, "world_size": 1 + len(gens),
+                  "backend": self.backend, "timeout_s": self.timeout_s}
+        # Every member must be joining at once: each join returns when the group is complete.
+        joins = [self.learner.join_weight_group_ref(**common)]
+        joins += [g.join_weight_group.remote(rank=i + 1, **common) for i, g in enumerate(gens)]
+        _get_all(joins, self.timeout_s)
+        self._members = gens
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Leave the group on every member still alive (best effort)."""
+        import ray
+
+        members, self._members = self._members or [], None
+        refs = [g.leave_weight_group.remote() for g in members]
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=30)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass  # a dead member has nothing left to close
+        self.learner.leave_weight_group()

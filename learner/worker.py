@@ -6,11 +6,12 @@ Plain class, made remote at the edge by `LearnerGroup`. Ranks meet over gloo on 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -346,3 +347,56 @@ class LearnerWorker:
         if sd is not None:
             self.engine.module.save_pretrained(
                 path, state_dict={k: torch.from_numpy(v) for k, v in sd.items()})
+
+    # -- broadcast weight sync (learner.weight_sync="broadcast"; see learner.weights) ---------
+    def weight_device(self) -> str | None:
+        """This rank's GPU UUID, None on CPU (the sync picks NCCL only for distinct GPUs)."""
+        from actors.weight_receiver import cuda_uuid
+
+        return cuda_uuid(self.engine.device)
+
+    def weight_specs(self) -> list[tuple[str, tuple[int, ...], str]] | None:
+        """(name, shape, dtype) of every tensor a push sends, on rank 0 (every rank must call)."""
+        from learner.weights import state_specs
+
+        with self._full_state() as sd:
+            return None if sd is None else state_specs(sd)
+
+    def join_weight_group(self, *, host: str, port: int, world_size: int, backend: str,
+                          timeout_s: float) -> bool:
+        """Rank 0: host the weight group's rendezvous on `host:port` and join as its source."""
+        from actors.weight_receiver import BroadcastGroup
+
+        self.leave_weight_group()
+        self.weight_group = BroadcastGroup(host=host, port=port, rank=0, world_size=world_size,
+                                           backend=backend, device=self.engine.device,
+                                           timeout_s=timeout_s)
+        return True
+
+    def broadcast_weights(self, buckets: Sequence[Any]) -> int:
+        """Every rank joins the (ZeRO-3) gather; rank 0 broadcasts `buckets` to the generators.
+        Returns the payload bytes sent (0 on the other ranks)."""
+        from learner.weights import send_buckets
+
+        with self._full_state() as sd:
+            if sd is None:
+                return 0
+            return send_buckets(self.weight_group, buckets, sd)
+
+    def leave_weight_group(self) -> None:
+        group, self.weight_group = getattr(self, "weight_group", None), None
+        if group is not None:
+            group.close()
+
+    @contextlib.contextmanager
+    def _full_state(self) -> Iterator[dict[str, torch.Tensor] | None]:
+        """The full HF state dict as tensors on this rank's device, valid inside the block, on
+        rank 0 (None elsewhere); `lm_head.weight` kept even when tied, as in `state_dict`."""
+        import deepspeed
+
+        from learner.weights import hf_state_dict
+
+        module = self.engine.module
+        with deepspeed.zero.GatheredParameters(list(module.parameters()),
+                                               enabled=self.cfg.zero_stage == 3):
+            yield hf_state_dict(module) if self.rank == 0 else None

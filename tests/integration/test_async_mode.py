@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_async_staleness_bound_and_importance_weights(tmp_path):
     from cluster.async_driver import AsyncTrainer
-    from cluster.driver import make_run_dir
+    from cluster.iteration import make_run_dir
     from cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [

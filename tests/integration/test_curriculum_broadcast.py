@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
     import ray
 
-    from cluster.driver import Trainer, make_run_dir
+    from cluster.driver import Trainer
+    from cluster.iteration import make_run_dir
     from cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [

@@ -55,7 +55,8 @@ def test_dashboard_has_stable_uid_and_variables():
                     reason="Debian's prometheus is not installed (.ci/run and "
                            "`make install-dev` install it)")
 def test_every_dashboard_query_returns_data(tmp_path, free_port):
-    from cluster.driver import Trainer, make_run_dir
+    from cluster.driver import Trainer
+    from cluster.iteration import make_run_dir
     from cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [

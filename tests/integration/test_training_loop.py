@@ -36,7 +36,8 @@ def cfg(tmp_path_factory):
 def test_two_iterations_end_to_end(cfg):
     import ray
 
-    from cluster.driver import Trainer, make_run_dir
+    from cluster.driver import Trainer
+    from cluster.iteration import make_run_dir
     from cluster.runtime import ray_session
 
     run_dir = make_run_dir(cfg)
@@ -52,7 +53,10 @@ def test_two_iterations_end_to_end(cfg):
         # Exactly once: what the generators reported sending is what the learner trained on.
         ids = [t.trajectory_id for t in trajs]
         assert len(ids) == len(set(ids)) == 2 * 4 * 4
-        assert all(m["trajectories_generated"] == m["trajectories_ingested"] for m in metrics)
+        assert all(m["trajectories_generated"] == 4 * 4 for m in metrics)
+        led = metrics[-1]["ledger"]
+        assert led["reconciled"] and led["generated"] == 2 * 4 * 4 == led["trained"] + \
+            led["dropped_total"]
         assert trainer.ingest.stats()["duplicates"] == 0
 
         # No episode ran past the horizon in force, and the broadcast reached the generator.
@@ -88,7 +92,8 @@ def test_two_iterations_end_to_end(cfg):
 
 def test_one_iteration_mixing_two_envs(cfg):
     """A run with extra_envs: each group stays in one env, metrics come per env label."""
-    from cluster.driver import Trainer, make_run_dir, sample_tasks
+    from cluster.driver import Trainer
+    from cluster.iteration import make_run_dir, sample_tasks
     from cluster.runtime import ray_session
 
     mixed = cfg.model_copy(update={"iterations": 1, "extra_envs": [
@@ -103,7 +108,7 @@ def test_one_iteration_mixing_two_envs(cfg):
         assert t.task_id.startswith(t.env_name + "-")
     assert all(len(envs) == 1 for envs in groups.values())
     assert {t.env_name for t in trajs} == {"babyai", "deepsearch"}
-    assert m["trajectories_generated"] == m["trajectories_ingested"] == len(trajs)
+    assert m["trajectories_generated"] == len(trajs) and m["ledger"]["reconciled"]
     for env in ("babyai", "deepsearch"):
         assert m["env"][env]["pool_steps"] > 0
         assert 0.0 <= m["env"][env]["success_rate"] <= 1.0

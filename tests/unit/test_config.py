@@ -60,7 +60,7 @@ def test_multi_env_labels_must_be_unique():
 
 
 def test_tasks_are_drawn_by_env_weight_and_reproducibly():
-    from cluster.driver import sample_tasks
+    from cluster.iteration import sample_tasks
     from envpool.base import EVAL_SEED_OFFSET
 
     cfg = load_config(None, ["generator.tasks_per_step=400",
@@ -75,7 +75,7 @@ def test_tasks_are_drawn_by_env_weight_and_reproducibly():
 
 
 def test_dynamic_sampling_rounds_draw_fresh_groups():
-    from cluster.driver import sample_tasks
+    from cluster.iteration import sample_tasks
 
     cfg = load_config(None)
     first, again = sample_tasks(cfg, 3), sample_tasks(cfg, 3, 1)

@@ -1,0 +1,182 @@
+"""GPU check of the broadcast weight sync: a real LearnerGroup and a real vLLM GeneratorActor on
+CUDA; after each learner update a push, then the generator's logprobs must equal the learner's.
+Prints one PASS/FAIL line per check and exits 1 on any FAIL.
+
+    python bench/gpu_check.py [--tol 1e-4] [--bucket-mb 1]
+
+Layout: with two or more GPUs the learner and the generator get GPUs of their own and the weight
+group must use NCCL. With one GPU everything shares it; NCCL refuses two members of one
+communicator on the same GPU (and DeepSpeed's own group as well, so the learner has one rank):
+the sync then uses gloo through host memory, which the check reports, still covering vLLM's
+CUDA reload. `weight_sync_flow` is the flow tests/integration/test_weight_broadcast.py runs on
+CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from actors.config import GeneratorConfig  # noqa: E402
+from learner.config import LearnerConfig  # noqa: E402
+
+GENERATOR_NAME = "weight-sync-check-gen0"
+
+
+@dataclass(frozen=True, slots=True)
+class PushCheck:
+    """One push of the flow and what the generator scored after it."""
+
+    label: str
+    strategy: str
+    backend: str | None  # the broadcast group's backend; None for the object store
+    max_diff: float  # max |generator - learner| logprob on the fixed sequences after the push
+    moved: float  # max |generator before the push - learner after the update|: the update's size
+    state_bytes: int  # the learner's full state dict, summed over its tensors
+    metrics: dict[str, float]
+
+
+def _sequences(vocab: int, *, n: int, seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(10, 24))] for _ in range(n)]
+
+
+def _max_abs(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+def weight_sync_flow(model_path: str | Path, *, learner_cfg: LearnerConfig,
+                     generator_cfg: GeneratorConfig, seed: int = 0,
+                     timeout_s: float = 300.0) -> list[PushCheck]:
+    """Inside a Ray session: a LearnerGroup and one GeneratorActor; four (SFT update, push)
+    rounds: broadcast forming its group, broadcast reusing it, broadcast after the generator's
+    handle changed (as after a restart: the group is re-formed), then the object store.
+    `timeout_s` bounds each push (a member that never joins fails it instead of hanging)."""
+    import ray
+
+    from actors.chat import load_tokenizer
+    from actors.generator import GeneratorActor
+    from envpool.config import EnvConfig
+    from envpool.pool import EnvPool
+    from learner.auxiliary import SFTExample
+    from learner.group import LearnerGroup
+    from learner.weights import make_weight_sync
+
+    tok = load_tokenizer(model_path)
+    learner = LearnerGroup(learner_cfg, model_path=str(model_path), pad_id=tok.pad_token_id,
+                           seed=seed)
+    remote = ray.remote(num_cpus=generator_cfg.num_cpus,
+                        num_gpus=generator_cfg.num_gpus)(GeneratorActor)
+    gen = remote.options(name=GENERATOR_NAME).remote(
+        name="gen0", cfg=generator_cfg, model_path=str(model_path), seed=seed,
+        env_pools=[EnvPool(EnvConfig(replicas_per_actor=1, num_cpus_per_actor=0.1),
+                           name="gen0-env")],
+        ingest_address="127.0.0.1:9")  # never dialled: this flow rolls nothing out
+    gens: list[Any] = [gen]  # both syncs hold this list, as the driver's
+    broadcast, object_store = (
+        make_weight_sync(learner_cfg.model_copy(update={"weight_sync": kind}), learner, gens,
+                         timeout_s=timeout_s) for kind in ("broadcast", "object_store"))
+    vocab = min(len(tok), 2000)
+    seqs = _sequences(vocab, n=4, seed=seed)
+    examples = [SFTExample(tuple(s), (0,) + (1,) * (len(s) - 1))
+                for s in _sequences(vocab, n=2 * learner_cfg.world_size, seed=seed + 1)]
+    rounds = [("broadcast forms its group", broadcast, False),
+              ("broadcast reuses the group", broadcast, False),
+              ("broadcast re-forms it for a new handle", broadcast, True),
+              ("object store", object_store, False)]
+    checks = []
+    try:
+        ray.get(gen.ready.remote())
+        state_bytes = sum(v.nbytes for v in ray.get(learner.state_dict_ref()).values())
+        for version, (label, sync, new_handle) in enumerate(rounds, start=1):
+            if new_handle:
+                gens[0] = ray.get_actor(GENERATOR_NAME)  # same actor, new handle object
+            before = ray.get(gens[0].score.remote(seqs))
+            learner.train_sft(examples)
+            want = learner.score(seqs)
+            metrics = sync.push(version)
+            got = ray.get(gens[0].score.remote(seqs))
+            checks.append(PushCheck(
+                label=label, strategy="broadcast" if sync is broadcast else "object_store",
+                backend=getattr(sync, "backend", None), max_diff=_max_abs(got, want),
+                moved=_max_abs(before, want), state_bytes=state_bytes, metrics=metrics))
+        broadcast.close()
+    finally:
+        learner.shutdown()
+        ray.kill(gen)
+    return checks
+
+
+def _line(ok: bool, text: str) -> bool:
+    print(f"{'PASS' if ok else 'FAIL'} {text}", flush=True)
+    return ok
+
+
+def report(checks: list[PushCheck], *, tol: float, expect_backend: str) -> bool:
+    """PASS/FAIL lines for `checks`; True when all pass."""
+    ok = True
+    for c in checks:
+        m = c.metrics
+        ok &= _line(c.max_diff < tol, f"{c.label}: max |vLLM - learner| logprob {c.max_diff:.2e} "
+                    f"(tolerance {tol:.0e}); {m['weight_sync_seconds']:.3f} s")
+        ok &= _line(c.moved > 100 * tol, f"{c.label}: the update moved logprobs by {c.moved:.2e}")
+        if c.strategy == "broadcast":
+            ok &= _line(m["weight_sync_bytes"] == c.state_bytes,
+                        f"{c.label}: {m['weight_sync_bytes']:.0f} bytes sent in "
+                        f"{m['weight_sync_buckets']:.0f} buckets, state dict "
+                        f"{c.state_bytes} bytes")
+            ok &= _line(c.backend == expect_backend,
+                        f"{c.label}: backend {c.backend} (expected {expect_backend})")
+    return ok
+
+
+def main() -> int:
+    import torch
+
+    from cluster.config import RayConfig
+    from cluster.runtime import ray_session
+    from cluster.tiny_model import build_tiny_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tol", type=float, default=1e-4, help="logprob tolerance")
+    ap.add_argument("--bucket-mb", type=float, default=1.0, help="learner.weight_bucket_mb")
+    args = ap.parse_args()
+    gpus = torch.cuda.device_count()
+    if not _line(gpus > 0, f"CUDA devices: {gpus}"):
+        return 1
+    if gpus >= 2:  # learner ranks and the generator each on a GPU of their own: NCCL
+        world, learner_gpus, gen_gpus, expect = min(2, gpus - 1), 1.0, 1.0, "nccl"
+    else:  # one shared GPU: one learner rank, and the weight group falls back to gloo
+        world, learner_gpus, gen_gpus, expect = 1, 0.5, 0.5, "gloo"
+    print(f"layout: {world} learner rank(s) x {learner_gpus} GPU, generator {gen_gpus} GPU; "
+          f"expected weight group backend: {expect}", flush=True)
+    learner_cfg = LearnerConfig(world_size=world, zero_stage=3, num_gpus_per_worker=learner_gpus,
+                                num_cpus_per_worker=1, kl_coef=0.0, lr=1e-2, warmup_steps=0,
+                                minibatches=1, weight_sync="broadcast",
+                                weight_bucket_mb=args.bucket_mb)
+    generator_cfg = GeneratorConfig(num_gpus=gen_gpus, num_cpus=1, max_context_tokens=256)
+    with tempfile.TemporaryDirectory(prefix="horizonrl-gpu-check-") as tmp:
+        model = build_tiny_model(Path(tmp) / "tiny", transcripts=300, pretrain_steps=4,
+                                 batch_size=8, seed=0)
+        with ray_session(RayConfig(num_cpus=8)):
+            try:
+                checks = weight_sync_flow(model, learner_cfg=learner_cfg,
+                                          generator_cfg=generator_cfg, timeout_s=120.0)
+            except Exception as e:  # a FAIL line, not a traceback alone, for whoever reads it
+                _line(False, f"flow raised {type(e).__name__}: {e}")
+                raise
+    return 0 if report(checks, tol=args.tol, expect_backend=expect) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

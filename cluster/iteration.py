@@ -1,0 +1,132 @@
+"""Pieces of one training iteration that need no actors: the run directory, task sampling,
+rollout and per-env metrics, collecting exactly the trajectories a rollout produced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actors.generator import Task
+from cluster.config import RunConfig, dump_config
+from cluster.prometheus import repeated_action_rate
+from envpool.base import EVAL_SEED_OFFSET
+from learner.config import LearnerConfig
+from learner.ingest import TrajectoryIngest
+from protos.trajectory import Failure, Trajectory
+
+
+@dataclass
+class Gathered:
+    """What one iteration's data phase produced, for training, metrics and the ledger."""
+
+    outs: list[dict[str, Any]]  # the generators' rollout results
+    generated: list[str]  # ids the generators reported for this phase
+    trajs: list[Trajectory]  # to train on
+    orphans: list[str] = field(default_factory=list)  # delivered by generators that died
+    dropped: dict[str, list[str]] = field(default_factory=dict)  # reason -> ids not trained
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def make_run_dir(cfg: RunConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.run_root) / f"{cfg.name}__{cfg.seed}__{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return run_dir
+
+
+def sample_tasks(cfg: RunConfig, step: int, sampling_round: int = 0) -> list[Task]:
+    """Training tasks for `step`: train-split seeds, each task's env drawn by the env weights;
+    reproducible from (seed, step, round). Rounds after the first (dynamic sampling) draw fresh
+    tasks whose group ids carry the round."""
+    rng = np.random.default_rng([cfg.seed, step] + ([2, sampling_round] if sampling_round else []))
+    seeds = rng.integers(0, EVAL_SEED_OFFSET, size=cfg.generator.tasks_per_step)
+    envs = cfg.envs
+    if len(envs) == 1:
+        picks = np.zeros(len(seeds), dtype=int)
+    else:
+        w = np.array([e.weight for e in envs], dtype=float)
+        pick_rng = np.random.default_rng([cfg.seed, step, 1])
+        picks = pick_rng.choice(len(envs), len(seeds), p=w / w.sum())
+    tasks = [Task(task_id=f"{envs[k].key}-{int(s)}", seed=int(s), env=envs[k].key)
+             for s, k in zip(seeds, picks)]
+    if sampling_round:
+        tasks = [replace(t, group=f"s{step}r{sampling_round}-{t.task_id}") for t in tasks]
+    return tasks
+
+
+def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    ok = [t for t in trajs if t.failure is Failure.NONE]
+    turns = sum(t.num_turns for t in ok)
+    n = max(len(ok), 1)
+    return {
+        "reward_mean": sum(t.reward for t in ok) / n,
+        "success_rate": sum(bool(t.info.get("success", False)) for t in ok) / n,
+        "turns_mean": turns / n,
+        "invalid_action_rate": sum(t.info.get("invalid_actions", 0) for t in ok) / max(turns, 1),
+        "truncated_rate": sum(t.truncated for t in ok) / n,
+        # Episodes that ran out of turns: what the adaptive curriculum watches.
+        "truncated_at_horizon_rate": sum(t.truncated and t.num_turns >= t.horizon
+                                         for t in ok) / n,
+        "repeated_action_rate": repeated_action_rate(ok),
+        "failed_episodes": float(len(trajs) - len(ok)),
+        "max_turns": float(max((t.num_turns for t in trajs), default=0)),
+    }
+
+
+def env_metrics(cfg: RunConfig, trajs: Sequence[Trajectory],
+                outs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per env label: pool counters summed over generators, and (in multi-env runs) the rollout
+    metrics of that env's episodes."""
+    out: dict[str, dict[str, float]] = {}
+    for e in cfg.envs:
+        stats = [o["env_stats"][e.key] for o in outs if e.key in o.get("env_stats", {})]
+        pool = {k: float(sum(st[k] for st in stats)) for k in stats[0]} if stats else {}
+        if pool:
+            pool["call_latency_mean_s"] = pool["call_seconds"] / max(pool["calls"], 1.0)
+        out[e.key] = {f"pool_{k}": v for k, v in pool.items()}
+        if len(cfg.envs) > 1:
+            out[e.key].update(rollout_metrics([t for t in trajs if t.env_name == e.key]))
+    return out
+
+
+def resolved_learner(cfg: RunConfig) -> LearnerConfig:
+    """The learner config with mode-dependent defaults filled in (the decoupled loss is on in
+    async mode unless set explicitly)."""
+    if cfg.learner.decoupled_loss is None:
+        return cfg.learner.model_copy(update={"decoupled_loss": cfg.mode == "async"})
+    return cfg.learner
+
+
+def collect_trajectories(ingest: TrajectoryIngest, ids: list[str],
+                         timeout_s: float) -> tuple[list[Trajectory], list[str]]:
+    """Exactly the trajectories with `ids` from the ingest, in that order, and the ids of the
+    others that arrived meanwhile (from a generator that died mid-step: not trained on)."""
+    want, got, orphans = set(ids), {}, []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(want) and time.monotonic() < deadline:
+        for t in ingest.take(len(want) - len(got), timeout=max(0.1, deadline - time.monotonic())):
+            if t.trajectory_id in want:
+                got[t.trajectory_id] = t
+            else:
+                orphans.append(t.trajectory_id)
+    if len(got) != len(want):
+        raise RuntimeError(f"generators sent {len(want)} trajectories, the ingest delivered "
+                           f"{len(got)} of them within {timeout_s}s")
+    return [got[i] for i in ids], orphans
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,78 @@
+"""Fault injection for chaos tests and drills: any registered env, with a fault at a chosen step.
+
+    env: {name: faulty, kwargs: {env: babyai, env_kwargs: {...}, fault: exit, at_step: 7,
+                                 once_file: /tmp/drill-1}}
+
+`fault` is `exit` (the replica's whole process dies at once, as on OOM-kill or preemption),
+`raise` (the env raises, as a buggy env does) or `sleep` (the step hangs `sleep_s` seconds, as a
+stuck browser or JVM does). `at_step` counts steps over the process's lifetime. With `once_file`
+the fault fires once per drill: the file is created when it fires, and a replacement replica that
+finds it behaves normally. The registry hands the drill BabyAI's prompt and parser, so drills
+wrap BabyAI (the embedded default); the env itself can wrap any registered env.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from envpool.base import StepResult, TextEnv
+from envpool.registry import env_spec, make_env
+
+_STEPS = {"count": 0}  # per process: faults are about the process, not one replica
+
+
+class FaultyEnv:
+    """Wraps `env` and injects `fault` on the `at_step`-th step of this process."""
+
+    def __init__(self, *, env: str, env_kwargs: dict[str, Any] | None = None,
+                 fault: str = "exit", at_step: int = 1, once_file: str | None = None,
+                 sleep_s: float = 5.0) -> None:
+        if fault not in ("exit", "raise", "sleep"):
+            raise ValueError(f"fault must be exit, raise or sleep, got {fault!r}")
+        self.inner: TextEnv = make_env(env, **(env_kwargs or {}))
+        self.fault, self.at_step, self.sleep_s = fault, at_step, sleep_s
+        self.once_file = Path(once_file) if once_file else None
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        return self.inner.reset(seed=seed, options=options)
+
+    def step(self, action: str) -> StepResult:
+        _STEPS["count"] += 1
+        if _STEPS["count"] >= self.at_step and self._arm():
+            if self.fault == "exit":
+                os._exit(137)
+            if self.fault == "raise":
+                raise RuntimeError("injected env fault")
+            time.sleep(self.sleep_s)
+        return self.inner.step(action)
+
+    def _arm(self) -> bool:
+        """True once per drill (or every time without a once_file)."""
+        if self.once_file is None:
+            return True
+        try:
+            with self.once_file.open("x") as f:  # atomic: exactly one replica fires
+                f.write(str(os.getpid()))
+            return True
+        except FileExistsError:
+            return False
+
+    def oracle_action(self) -> str:
+        return self.inner.oracle_action()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _inner_spec_attr(name: str) -> Any:
+    return getattr(env_spec("babyai"), name)
+
+
+SYSTEM_PROMPT = _inner_spec_attr("system_prompt")
+parse_action = _inner_spec_attr("parse_action")
+format_action = _inner_spec_attr("format_action")
+random_action = _inner_spec_attr("random_action")
