@@ -41,7 +41,7 @@ class GeneratorActor:
     def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str,
                  env_pools: Sequence[EnvPool], ingest_address: str, seed: int,
                  policy_version: int = 0, ingest_token: str | None = None,
-                 engine: Engine | None = None) -> None:
+                 ingest_tls_ca: str | None = None, engine: Engine | None = None) -> None:
         from actors.transport import TrajectorySender
 
         self.name = name
@@ -59,7 +59,7 @@ class GeneratorActor:
                                 kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype)
         self.engine = engine
         self.sender = TrajectorySender(ingest_address, deadline_s=cfg.send_deadline_s,
-                                       auth_token=ingest_token)
+                                       auth_token=ingest_token, tls_ca_path=ingest_tls_ca)
         self.seed = seed
         self.policy_version = policy_version  # of the weights at model_path
         self.horizon: int | None = None

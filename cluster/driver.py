@@ -69,9 +69,7 @@ class Trainer:
         self.generator_restarts = 0
         ing = cfg.learner.ingest
         self.ingest_token = os.environ.get(ing.auth_token_env) or None
-        self.ingest = TrajectoryIngest(host=ing.host, port=ing.port, capacity=ing.capacity,
-                                       max_message_bytes=ing.max_message_bytes,
-                                       auth_token=self.ingest_token).start()
+        self.ingest = TrajectoryIngest.from_config(ing, auth_token=self.ingest_token).start()
         self.ingest_address = self.ingest.address
         if is_wildcard(ing.host):  # bound to every interface: advertise this node's IP
             self.ingest_address = f"{ray.util.get_node_ip_address()}:{self.ingest.port}"
@@ -117,7 +115,9 @@ class Trainer:
                              env_pools=[EnvPool(e, name=f"gen{i}-{e.key}")
                                         for e in self.cfg.envs],
                              ingest_address=self.ingest_address,
-                             ingest_token=self.ingest_token, seed=self.cfg.seed * 1000 + i,
+                             ingest_token=self.ingest_token,
+                             ingest_tls_ca=self.cfg.learner.ingest.tls_ca_path,
+                             seed=self.cfg.seed * 1000 + i,
                              policy_version=self.policy_version)
 
     def restart_generator(self, i: int) -> None:
@@ -257,10 +257,15 @@ class Trainer:
 
         try:
             return self.learner.train(trajs)
-        except ray.exceptions.RayActorError as exc:
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            # A rank that died takes the collective down: the survivors fail inside gloo (a
+            # RayTaskError), the dead one with RayActorError. Anything else is a real bug.
+            dead = self.learner.dead_ranks()
+            if not dead:
+                raise
             self.ledger.close()
             raise LearnerLost(
-                f"a learner rank died during the update of step {self.step_count} "
+                f"learner rank(s) {dead} died during the update of step {self.step_count} "
                 f"({type(exc).__name__}); the run stops here. Continue it with `horizonrl "
                 f"train --config ... --resume auto` (from the last checkpoint)") from None
 

@@ -103,15 +103,16 @@ class Ledger:
     def flush(self) -> dict[str, Any]:
         """Write the summary (and the log so far); returns the summary."""
         s = self.summary()
-        if self._log is not None:
+        if self._log is not None and not self._log.closed:
             self._log.flush()
             self._path.write_text(json.dumps({**s, "conflict_examples": self.conflicts[:20]},
                                              indent=2))
         return s
 
     def close(self) -> dict[str, Any]:
+        """Flush and close (again: a no-op that returns the summary)."""
         s = self.flush()
-        if self._log is not None:
+        if self._log is not None and not self._log.closed:
             self._log.close()
         if not s["reconciled"]:
             print(f"[horizonrl] LEDGER DOES NOT RECONCILE: {s['unaccounted']} trajectories "

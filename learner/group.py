@@ -232,6 +232,18 @@ class LearnerGroup:
 
         ray.get([w.save_hf.remote(str(path)) for w in self.workers])
 
+    def dead_ranks(self, timeout_s: float = 10.0) -> list[int]:
+        """Ranks whose actor no longer answers a `ready` ping."""
+        import ray
+
+        dead = []
+        for rank, w in enumerate(self.workers):
+            try:
+                ray.get(w.ready.remote(), timeout=timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                dead.append(rank)
+        return dead
+
     def health(self) -> list[dict[str, Any]]:
         import ray
 

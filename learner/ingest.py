@@ -1,19 +1,25 @@
 """TrajectoryIngest: the learner's gRPC endpoint for finished trajectories.
 
-Generators open a client stream (`TrajectoryService.Push`) and send trajectories; the ingest
-decodes each one into a `Trajectory`, drops duplicates by `trajectory_id` and keeps the rest in a
-bounded buffer that the learner drains with `take` / `drain`.
+Generators open a `TrajectoryService.Push` stream, ask for credits and send one trajectory per
+credit (several to a message, or one in chunks when too large for one); the ingest decodes
+each into a `Trajectory`, drops duplicates by `trajectory_id`, acknowledges every one, and keeps
+the new ones in a bounded buffer that the learner drains with `take` / `drain`. The protocol is
+described in protos/trajectory.proto.
 
 Guarantees:
+- bounded memory: credits are granted only for free buffer space (capacity - buffered -
+  granted but unused), so the buffer never exceeds `capacity`; a stream that finds no space waits
+  (up to `credit_timeout_s`, counted in `credit_waits`) and then ends with UNAVAILABLE. A stream
+  reassembles at most one chunked trajectory, of at most `max_trajectory_bytes`.
 - exactly-once: every `trajectory_id` is stored at most once for the lifetime of this object, so
-  a sender may resend a whole batch after a broken stream. Ids are remembered forever (a set of
-  short strings: a whole run is ~10^5 episodes, a few MB).
-- backpressure: when the buffer is full the stream blocks (up to `put_timeout_s`) instead of
-  dropping; if no room frees up the stream ends with UNAVAILABLE and the sender retries later.
-- a malformed message (length mismatch, unknown failure code, bad info JSON) is counted as
-  rejected and skipped; the stream and the server go on.
+  a sender may resend whatever was not acknowledged after a broken stream. Ids are remembered
+  forever (a set of short strings: a whole run is ~10^5 episodes, a few MB).
+- a malformed trajectory (length mismatch, unknown failure code, bad info JSON) is acked
+  REJECTED and skipped; protocol errors end only their own stream, with a status code.
 - `stop()` then `start()` serves again on the same port with the same buffer and seen ids, so
   a restart does not break exactly-once.
+- the standard `grpc.health.v1.Health/Check` answers SERVING while the ingest runs; it needs no
+  token (probes cannot send one, and it reveals nothing).
 """
 
 from __future__ import annotations
@@ -23,19 +29,32 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, Self
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from protos import trajectory_pb2, trajectory_pb2_grpc
-from protos.codec import from_proto
+from protos import health_pb2, health_pb2_grpc, trajectory_pb2
+from protos.codec import ChunkAssembler, ChunkError, decode, from_proto
 from protos.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from learner.config import IngestConfig
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 32k-token episode is ~0.3 MB: ample headroom
+DEFAULT_MAX_TRAJECTORY_BYTES = 64 * 1024 * 1024  # reassembly bound per stream
+SERVICE_NAME = trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name
+_HEALTH_PREFIX = "/grpc.health.v1.Health/"
+_Serving = health_pb2.HealthCheckResponse.ServingStatus
+_Status = trajectory_pb2.AckStatus.ValueType
+_STAT_OF = {trajectory_pb2.ACK_STORED: "received", trajectory_pb2.ACK_DUPLICATE: "duplicates",
+            trajectory_pb2.ACK_REJECTED: "rejected", trajectory_pb2.ACK_STALE: "dropped_stale"}
 
 
 def is_wildcard(host: str) -> bool:
@@ -56,19 +75,43 @@ def is_loopback(host: str) -> bool:
 
 
 class _TokenCheck(grpc.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED)."""
+    """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED); health is open."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
-        self._refuse = grpc.stream_unary_rpc_method_handler(
-            lambda _requests, ctx: ctx.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                             "missing or wrong ingest token"))
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or details.method.startswith(_HEALTH_PREFIX):
+            return handler
         sent = dict(details.invocation_metadata or ()).get("authorization", "")
         if hmac.compare_digest(str(sent).encode(), self._expected):
-            return continuation(details)
-        return self._refuse
+            return handler
+        return _refusal(handler)
+
+
+def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kind as `handler` that answers UNAUTHENTICATED."""
+
+    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ingest token")
+
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
+             (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler,
+             (True, True): grpc.stream_stream_rpc_method_handler}
+    return kinds[(handler.request_streaming, handler.response_streaming)](refuse)
+
+
+class _Stream:
+    """Per-stream state: credits reserved for it and the chunk set it is sending."""
+
+    def __init__(self) -> None:
+        self.credits = 0  # granted and not spent yet
+        self.held = 0  # reservations: unspent credits + spent ones not yet resolved
+        self.closed = False
+        self.assembler = ChunkAssembler()
+        self.chunked_status: tuple[_Status, str] | None = None  # verdict on the set's 1st chunk
 
 
 class TrajectoryIngest:
@@ -81,36 +124,63 @@ class TrajectoryIngest:
         port: int = 0,
         capacity: int = 4096,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        put_timeout_s: float = 30.0,
+        max_trajectory_bytes: int = DEFAULT_MAX_TRAJECTORY_BYTES,
+        credit_timeout_s: float = 30.0,
+        max_credits_per_grant: int = 64,
         max_workers: int = 8,
         auth_token: str | None = None,
+        tls_cert_path: str | None = None,
+        tls_key_path: str | None = None,
+        max_staleness: int | None = None,
     ) -> None:
         """Configure the server; nothing listens until `start()`.
 
         `port=0` picks a free port at the first `start()` and keeps it for later restarts.
         `max_workers` bounds concurrent streams (one thread each); more streams queue in gRPC.
+        `max_credits_per_grant` keeps one stream from reserving the whole buffer.
         `auth_token`: clients must send `authorization: Bearer <token>`; required when `host`
         is not a loopback address, so an ingest is never open to a network unauthenticated.
+        `tls_cert_path`/`tls_key_path` (PEM): serve TLS instead of plaintext.
+        `max_staleness`: with `set_policy_version`, trajectories more than this many versions
+        behind are acked STALE and dropped (counted in `dropped_stale`); None keeps all.
         """
         if auth_token is None and not is_loopback(host):
             raise ValueError(f"the trajectory ingest binds {host!r}, which is not loopback: "
                              "give it an auth token (learner.ingest.auth_token_env names the "
                              "environment variable that holds it)")
-        self._auth_token = auth_token
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self._host = host
-        self._port = port
-        self._capacity = capacity
+        if capacity < 1 or max_credits_per_grant < 1:
+            raise ValueError(f"capacity ({capacity}) and max_credits_per_grant "
+                             f"({max_credits_per_grant}) must be >= 1")
+        if (tls_cert_path is None) != (tls_key_path is None):
+            raise ValueError("give tls_cert_path and tls_key_path together, or neither")
+        self._host, self._port, self._capacity = host, port, capacity
         self._max_message_bytes = max_message_bytes
-        self._put_timeout_s = put_timeout_s
+        self._max_trajectory_bytes = max_trajectory_bytes
+        self._credit_timeout_s = credit_timeout_s
+        self._max_grant = max_credits_per_grant
         self._max_workers = max_workers
+        self._auth_token = auth_token
+        self._tls = (tls_cert_path, tls_key_path) if tls_cert_path and tls_key_path else None
+        self._max_staleness = max_staleness
+        self._policy_version: int | None = None
         self._cond = threading.Condition()
-        self._buffer: deque[Trajectory] = deque()
+        self._buffer: deque[tuple[Trajectory, int]] = deque()  # (trajectory, encoded bytes)
+        self._buffered_bytes = 0
+        self._reserved = 0  # credits held by streams: buffer + reserved <= capacity
         self._seen: set[str] = set()
-        self._stats = {"received": 0, "duplicates": 0, "rejected": 0, "bytes": 0}
+        self._stats = dict.fromkeys(
+            ("received", "duplicates", "rejected", "dropped_stale", "bytes", "chunks",
+             "partial_discarded", "credit_waits", "queue_depth_peak"), 0)
         self._stopping = False
         self._server: grpc.Server | None = None
+
+    @classmethod
+    def from_config(cls, cfg: IngestConfig, *, auth_token: str | None = None) -> Self:
+        """An ingest configured by the run config's `learner.ingest` section."""
+        return cls(host=cfg.host, port=cfg.port, capacity=cfg.capacity,
+                   max_message_bytes=cfg.max_message_bytes,
+                   max_trajectory_bytes=cfg.max_trajectory_bytes, auth_token=auth_token,
+                   tls_cert_path=cfg.tls_cert_path, tls_key_path=cfg.tls_key_path)
 
     # ---- server lifecycle -------------------------------------------------------------------
 
@@ -133,6 +203,7 @@ class TrajectoryIngest:
             raise RuntimeError("TrajectoryIngest is already running")
         options = [
             ("grpc.max_receive_message_length", self._max_message_bytes),
+            ("grpc.max_send_message_length", self._max_message_bytes),
             # gRPC enables SO_REUSEPORT by default: a second server on the same explicit port
             # would then bind silently and steal half the streams. Fail the bind instead.
             ("grpc.so_reuseport", 0),
@@ -143,30 +214,48 @@ class TrajectoryIngest:
             options=options,
             interceptors=interceptors,
         )
-        trajectory_pb2_grpc.add_TrajectoryServiceServicer_to_server(_Servicer(self), server)
+        # Registered by hand rather than with the generated helper: its deserializer would turn
+        # undecodable bytes into INTERNAL; ours lets the handler answer INVALID_ARGUMENT.
+        push = grpc.stream_stream_rpc_method_handler(
+            self._push, request_deserializer=_parse_request,
+            response_serializer=trajectory_pb2.PushResponse.SerializeToString)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, {"Push": push}),))
+        health_pb2_grpc.add_HealthServicer_to_server(_Health(self), server)
+        target = f"{self._host}:{self._port}"
         try:
-            bound = server.add_insecure_port(f"{self._host}:{self._port}")
+            if self._tls is None:
+                bound = server.add_insecure_port(target)
+            else:
+                cert, key = (Path(p).read_bytes() for p in self._tls)
+                bound = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
         except RuntimeError as e:  # grpc raises when the port is taken
-            raise RuntimeError(f"cannot bind trajectory ingest to {self._host}:{self._port}") from e
+            raise RuntimeError(f"cannot bind trajectory ingest to {target}") from e
         if bound == 0:
-            raise RuntimeError(f"cannot bind trajectory ingest to {self._host}:{self._port}")
+            raise RuntimeError(f"cannot bind trajectory ingest to {target}")
         self._port = bound
         with self._cond:
             self._stopping = False
         server.start()
         self._server = server
-        logger.info("trajectory ingest listening on %s", self.address)
+        logger.info("trajectory ingest listening on %s%s", self.address,
+                    " (TLS)" if self._tls else "")
         return self
 
     def stop(self, grace: float = 1.0) -> None:
-        """Stop serving; streams blocked on a full buffer end with UNAVAILABLE. Keeps the data."""
+        """Stop serving; streams end (UNAVAILABLE for those waiting on credits). Keeps the data."""
         server, self._server = self._server, None
         if server is None:
             return
         with self._cond:
-            self._stopping = True  # wakes handlers blocked on a full buffer
+            self._stopping = True  # health says NOT_SERVING; wakes streams waiting on credits
             self._cond.notify_all()
         server.stop(grace).wait()
+
+    @property
+    def serving(self) -> bool:
+        """Whether the server is up and accepting streams (what the health check reports)."""
+        return self._server is not None and not self._stopping
 
     def __enter__(self) -> Self:
         return self.start()
@@ -185,85 +274,216 @@ class TrajectoryIngest:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            out = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
-            self._cond.notify_all()  # room for blocked senders
-        return out
+            return self._pop(min(n, len(self._buffer)))
 
     def drain(self) -> list[Trajectory]:
         """Return everything buffered now, without waiting."""
         with self._cond:
-            out = list(self._buffer)
-            self._buffer.clear()
-            self._cond.notify_all()
-        return out
+            return self._pop(len(self._buffer))
+
+    def set_policy_version(self, version: int) -> None:
+        """The learner's current policy version, against which `max_staleness` is judged."""
+        with self._cond:
+            self._policy_version = version
 
     def stats(self) -> dict[str, int]:
-        """Counters since construction: received, duplicates, rejected, bytes, queue_depth."""
+        """Counters since construction (received, duplicates, rejected, dropped_stale; bytes of
+        encoded trajectories received, duplicates included; chunks, partial_discarded chunk
+        sets, credit_waits, queue_depth_peak) and the state now (queue_depth, buffered_bytes,
+        reserved credits, capacity)."""
         with self._cond:
-            return {**self._stats, "queue_depth": len(self._buffer)}
+            return {**self._stats, "queue_depth": len(self._buffer),
+                    "buffered_bytes": self._buffered_bytes, "reserved": self._reserved,
+                    "capacity": self._capacity}
+
+    def _pop(self, n: int) -> list[Trajectory]:
+        out = [self._buffer.popleft() for _ in range(n)]
+        self._buffered_bytes -= sum(size for _, size in out)
+        self._cond.notify_all()  # free space: streams waiting for credits may go on
+        return [t for t, _ in out]
 
     # ---- generator side (called from gRPC handler threads) ----------------------------------
 
-    def _push(
-        self, requests: Iterator[trajectory_pb2.Trajectory], context: grpc.ServicerContext
-    ) -> trajectory_pb2.PushAck:
-        ack = trajectory_pb2.PushAck()
-        # A cancelled stream (client deadline, disconnect) must not sit out put_timeout_s.
-        context.add_callback(self._wake)
-        for message in requests:
-            with self._cond:
-                self._stats["bytes"] += message.ByteSize()
-            try:
-                trajectory = from_proto(message)
-                if not trajectory.trajectory_id:  # dedup is keyed on it: no id, no exactly-once
-                    raise ValueError("empty trajectory_id")
-            except (ValueError, TypeError) as e:
-                logger.warning("rejected malformed trajectory %r: %s", message.trajectory_id, e)
-                with self._cond:
-                    self._stats["rejected"] += 1
-                ack.rejected += 1
-                continue
-            if self._store(trajectory, context):
-                ack.received += 1
-            else:
-                ack.duplicates += 1
-        return ack
+    def _push(self, requests: Iterator[trajectory_pb2.PushRequest],
+              context: grpc.ServicerContext) -> Iterator[trajectory_pb2.PushResponse]:
+        stream = _Stream()
+        # Whatever ends the stream (client gone, deadline, stop) returns its credits and wakes
+        # it if it waits for space; the finally below does the same for a normal end.
+        context.add_callback(lambda: self._close(stream))
+        acks: list[trajectory_pb2.Ack] = []  # at most one per credit granted: bounded
+        try:
+            for request in requests:
+                kind = request.WhichOneof("kind")
+                if kind == "credit_request":
+                    if acks:  # before a grant that may wait for space
+                        yield trajectory_pb2.PushResponse(acks=acks)
+                        acks = []
+                    grant = self._grant(stream, request.credit_request.want, context)
+                    yield trajectory_pb2.PushResponse(grant=grant)
+                elif kind == "batch":
+                    acks += [self._whole(stream, m, context) for m in request.batch.trajectories]
+                elif kind == "chunk":
+                    ack = self._chunk(stream, request.chunk, context)
+                    acks += [ack] if ack is not None else []
+                else:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  "empty or undecodable horizonrl.v1.PushRequest")
+            if acks:  # the sender half-closed: the rest of the acks
+                yield trajectory_pb2.PushResponse(acks=acks)
+        finally:
+            self._close(stream)
 
-    def _store(self, t: Trajectory, context: grpc.ServicerContext) -> bool:
-        """Buffer `t` unless its id was seen; True if stored. Blocks while the buffer is full."""
-        deadline = time.monotonic() + self._put_timeout_s
+    def _grant(self, stream: _Stream, want: int,
+               context: grpc.ServicerContext) -> trajectory_pb2.CreditGrant:
+        """Reserve up to `want` free slots for `stream`, waiting while there are none."""
+        want = max(0, min(want, self._max_grant))
+        deadline = time.monotonic() + self._credit_timeout_s
+        waited = False
         with self._cond:
-            while t.trajectory_id not in self._seen and len(self._buffer) >= self._capacity:
+            while want and self._capacity - len(self._buffer) - self._reserved <= 0:
+                if not waited:
+                    self._stats["credit_waits"] += 1
+                    waited = True
                 remaining = deadline - time.monotonic()
-                if self._stopping or remaining <= 0 or not context.is_active():
-                    # UNAVAILABLE tells the sender to retry the batch later; what this stream
-                    # stored so far is in _seen, so the retry cannot duplicate it.
+                if self._stopping or stream.closed or remaining <= 0:
+                    # UNAVAILABLE: the sender retries later what was not acknowledged.
                     why = "stopping" if self._stopping else "buffer full"
                     context.abort(grpc.StatusCode.UNAVAILABLE, f"trajectory ingest {why}")
                 self._cond.wait(remaining)
-            # Checked after waiting: another stream may have stored the same id meanwhile.
-            if t.trajectory_id in self._seen:
-                self._stats["duplicates"] += 1
-                return False
-            self._seen.add(t.trajectory_id)
-            self._buffer.append(t)
-            self._stats["received"] += 1
-            self._cond.notify_all()  # wake take()
-            return True
+            if stream.closed:  # its reservations were returned already: reserve no more
+                context.abort(grpc.StatusCode.CANCELLED, "stream closed")
+            n = min(want, self._capacity - len(self._buffer) - self._reserved)
+            self._reserved += n
+            stream.credits += n
+            stream.held += n
+        return trajectory_pb2.CreditGrant(credits=n, waited=waited,
+                                          max_message_bytes=self._max_message_bytes,
+                                          max_trajectory_bytes=self._max_trajectory_bytes)
 
-    def _wake(self) -> None:
+    def _spend(self, stream: _Stream, context: grpc.ServicerContext) -> None:
+        """Count one trajectory against the stream's credits; none left is a protocol error."""
+        if stream.credits <= 0:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "trajectory sent without a credit: ask with a CreditRequest first")
+        stream.credits -= 1
+
+    def _whole(self, stream: _Stream, message: trajectory_pb2.Trajectory,
+               context: grpc.ServicerContext) -> trajectory_pb2.Ack:
+        """Take one trajectory sent whole."""
+        if stream.assembler.active is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"trajectory sent inside chunk set {stream.assembler.active!r}")
+        self._spend(stream, context)
+        size = message.ByteSize()
         with self._cond:
+            self._stats["bytes"] += size
+        return self._resolve(stream, message.trajectory_id, partial(from_proto, message),
+                             size=size)
+
+    def _chunk(self, stream: _Stream, chunk: trajectory_pb2.Chunk,
+               context: grpc.ServicerContext) -> trajectory_pb2.Ack | None:
+        """Add one chunk; the trajectory's ack once its set is complete."""
+        if chunk.index == 0 and stream.assembler.active is None:
+            self._spend(stream, context)
+            with self._cond:
+                seen = chunk.trajectory_id in self._seen
+            stream.chunked_status = None
+            if chunk.total_bytes > self._max_trajectory_bytes:
+                stream.chunked_status = (trajectory_pb2.ACK_REJECTED,
+                                         f"{chunk.total_bytes} bytes exceed the ingest's "
+                                         f"max_trajectory_bytes {self._max_trajectory_bytes}")
+            elif seen:  # a resend of a stored trajectory: check the chunks, keep no bytes
+                stream.chunked_status = (trajectory_pb2.ACK_DUPLICATE, "")
+        with self._cond:
+            self._stats["bytes"] += len(chunk.data)
+            self._stats["chunks"] += 1
+        try:
+            done = stream.assembler.add(chunk, keep=stream.chunked_status is None)
+        except ChunkError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if done is None:
+            return None
+        if done.data is None:
+            verdict = stream.chunked_status or (trajectory_pb2.ACK_REJECTED, "")
+            return self._resolve(stream, done.trajectory_id, None, verdict=verdict)
+        return self._resolve(stream, done.trajectory_id, partial(decode, done.data),
+                             size=len(done.data))
+
+    def _resolve(self, stream: _Stream, trajectory_id: str,
+                 build: Callable[[], Trajectory] | None, *, size: int = 0,
+                 verdict: tuple[_Status, str] | None = None) -> trajectory_pb2.Ack:
+        """Settle one spent credit: store the trajectory `build` decodes (`size` encoded
+        bytes), or give the reason it is not stored (`verdict` when decided already)."""
+        trajectory, (status, detail) = None, verdict or (trajectory_pb2.ACK_DUPLICATE, "")
+        with self._cond:
+            known = trajectory_id in self._seen
+        if build is not None and not known:  # decode outside the lock; duplicates skip it
+            try:
+                trajectory = build()
+                if not trajectory.trajectory_id:  # dedup is keyed on it: no id, no exactly-once
+                    raise ValueError("empty trajectory_id")
+                status = trajectory_pb2.ACK_STORED
+            except (ValueError, TypeError) as e:
+                logger.warning("rejected malformed trajectory %r: %s", trajectory_id, e)
+                trajectory, status, detail = None, trajectory_pb2.ACK_REJECTED, str(e)
+        with self._cond:
+            if stream.closed:
+                # Its reservations went back to the pool already, so storing could overfill
+                # the buffer; its sender never sees this ack and resends the trajectory.
+                return trajectory_pb2.Ack(trajectory_id=trajectory_id)
+            stream.held -= 1
+            self._reserved -= 1
+            if trajectory is not None and self._is_stale(trajectory):
+                status, trajectory = trajectory_pb2.ACK_STALE, None
+            # Checked again under the lock: another stream may have stored the same id.
+            if trajectory is not None and trajectory.trajectory_id in self._seen:
+                status, trajectory = trajectory_pb2.ACK_DUPLICATE, None
+            if trajectory is not None:
+                self._seen.add(trajectory.trajectory_id)
+                self._buffer.append((trajectory, size))
+                self._buffered_bytes += size
+                self._stats["queue_depth_peak"] = max(self._stats["queue_depth_peak"],
+                                                      len(self._buffer))
+            self._stats[_STAT_OF[status]] += 1
+            self._cond.notify_all()  # wakes take(), and grant() if a credit came back
+        return trajectory_pb2.Ack(trajectory_id=trajectory_id, status=status, detail=detail)
+
+    def _is_stale(self, t: Trajectory) -> bool:
+        if self._max_staleness is None or self._policy_version is None:
+            return False
+        return self._policy_version - t.policy_version > self._max_staleness
+
+    def _close(self, stream: _Stream) -> None:
+        """Return the stream's reservations and drop its partial chunk set (idempotent)."""
+        with self._cond:
+            if stream.closed:
+                return
+            stream.closed = True
+            self._reserved -= stream.held
+            stream.held = stream.credits = 0
+            if stream.assembler.discard():
+                self._stats["partial_discarded"] += 1
             self._cond.notify_all()
 
     def __repr__(self) -> str:
         return f"TrajectoryIngest({self.address}, {self.stats()})"
 
 
-class _Servicer(trajectory_pb2_grpc.TrajectoryServiceServicer):
-    """Thin adapter: the generated servicer interface calls into the ingest."""
+def _parse_request(data: bytes) -> trajectory_pb2.PushRequest:
+    try:
+        return trajectory_pb2.PushRequest.FromString(data)
+    except DecodeError:  # not None: gRPC itself would answer None with INTERNAL
+        return trajectory_pb2.PushRequest()  # empty: the handler answers INVALID_ARGUMENT
+
+
+class _Health(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 Check for "" and the trajectory service; Watch stays UNIMPLEMENTED."""
 
     def __init__(self, ingest: TrajectoryIngest) -> None:
         self._ingest = ingest
 
-    def Push(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
-        return self._ingest._push(request_iterator, context)
+    def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if request.service not in ("", SERVICE_NAME):
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        status = _Serving.SERVING if self._ingest.serving else _Serving.NOT_SERVING
+        return health_pb2.HealthCheckResponse(status=status)

@@ -11,11 +11,15 @@ What survives a round trip exactly: ids, token ids, mask, counts, flags, failure
   come back as lists and non-string keys as strings. No pickle ever crosses the network.
 Decoding rebuilds the dataclass, so its validation (length mismatches, turns above the horizon)
 raises `ValueError` on the receiving side too; so do an unknown failure code and bad JSON.
+
+A trajectory too large for one gRPC message travels as `Chunk`s: `to_chunks` slices its encoded
+bytes, `ChunkAssembler` checks and joins them on the receiving side (see protos/trajectory.proto).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -125,3 +129,90 @@ def _load_info(trajectory_id: str, info_json: str) -> dict[str, Any]:
         # ValueError like every other malformed message: callers catch one type
         raise ValueError(f"trajectory {trajectory_id}: info_json is not a JSON object")
     return info
+
+
+def to_chunks(trajectory_id: str, data: bytes, chunk_bytes: int) -> list[trajectory_pb2.Chunk]:
+    """Slice the encoded trajectory `data` into ordered chunks of at most `chunk_bytes`."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    view = memoryview(data)
+    count = max(1, -(-len(data) // chunk_bytes))  # ceil; an empty payload is one empty chunk
+    return [trajectory_pb2.Chunk(trajectory_id=trajectory_id, index=i, count=count,
+                                 total_bytes=len(data),
+                                 data=bytes(view[i * chunk_bytes:(i + 1) * chunk_bytes]))
+            for i in range(count)]
+
+
+class ChunkError(ValueError):
+    """A chunk sequence that breaks the protocol (out of order, inconsistent, too long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reassembled:
+    """A completed chunk set: `data` is the encoded trajectory, None if it was not kept."""
+
+    trajectory_id: str
+    data: bytes | None
+
+
+class ChunkAssembler:
+    """Rebuilds the chunked trajectories of one stream, one set at a time.
+
+    The sender sends each set in order with nothing in between, so a stream needs only the set
+    in progress; memory is bounded by the `total_bytes` the first chunk declares, which the
+    caller checks before choosing to keep the data. A set that is not kept (a duplicate id, an
+    oversized trajectory) is still checked chunk by chunk but its bytes are dropped at once.
+    """
+
+    def __init__(self) -> None:
+        self._first: trajectory_pb2.Chunk | None = None  # metadata of the set in progress
+        self._parts: list[bytes] | None = None
+        self._next = 0
+        self._size = 0
+
+    @property
+    def active(self) -> str | None:
+        """The id of the set in progress, if any."""
+        return None if self._first is None else self._first.trajectory_id
+
+    def add(self, chunk: trajectory_pb2.Chunk, *, keep: bool = True) -> Reassembled | None:
+        """Take the next chunk (`keep` is read on a set's first chunk); the completed set at its
+        last chunk, else None. Raises `ChunkError` on a broken sequence."""
+        if self._first is None:
+            if chunk.index != 0 or chunk.count < 1 or chunk.total_bytes < 0:
+                raise ChunkError(f"chunk set {chunk.trajectory_id!r} must start at index 0 "
+                                 f"with count >= 1 (got index {chunk.index}/{chunk.count})")
+            self._first = trajectory_pb2.Chunk(trajectory_id=chunk.trajectory_id,
+                                               count=chunk.count, total_bytes=chunk.total_bytes)
+            self._parts = [] if keep else None
+        first = self._first
+        if (chunk.trajectory_id, chunk.index, chunk.count, chunk.total_bytes) != (
+                first.trajectory_id, self._next, first.count, first.total_bytes):
+            why = (f"expected chunk {first.trajectory_id!r} {self._next}/{first.count}, got "
+                   f"{chunk.trajectory_id!r} {chunk.index}/{chunk.count}")
+            self.discard()
+            raise ChunkError(why)
+        self._size += len(chunk.data)
+        if self._size > first.total_bytes:
+            self.discard()
+            raise ChunkError(f"chunk set {first.trajectory_id!r} exceeds its declared "
+                             f"{first.total_bytes} bytes")
+        if self._parts is not None:
+            self._parts.append(chunk.data)
+        self._next += 1
+        if self._next < first.count:
+            return None
+        if self._size != first.total_bytes:
+            self.discard()
+            raise ChunkError(f"chunk set {first.trajectory_id!r} ended with {self._size} of "
+                             f"{first.total_bytes} bytes")
+        done = Reassembled(first.trajectory_id,
+                           None if self._parts is None else b"".join(self._parts))
+        self.discard()
+        return done
+
+    def discard(self) -> bool:
+        """Drop the set in progress (a broken stream); True if there was one."""
+        had = self._first is not None
+        self._first, self._parts, self._next, self._size = None, None, 0, 0
+        return had

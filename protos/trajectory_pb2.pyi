@@ -5,7 +5,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -16,10 +16,23 @@ class Failure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_ENV_ERROR: _ClassVar[Failure]
     FAILURE_TIMEOUT: _ClassVar[Failure]
     FAILURE_GENERATOR_ERROR: _ClassVar[Failure]
+
+class AckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACK_STATUS_UNSPECIFIED: _ClassVar[AckStatus]
+    ACK_STORED: _ClassVar[AckStatus]
+    ACK_DUPLICATE: _ClassVar[AckStatus]
+    ACK_REJECTED: _ClassVar[AckStatus]
+    ACK_STALE: _ClassVar[AckStatus]
 FAILURE_NONE: Failure
 FAILURE_ENV_ERROR: Failure
 FAILURE_TIMEOUT: Failure
 FAILURE_GENERATOR_ERROR: Failure
+ACK_STATUS_UNSPECIFIED: AckStatus
+ACK_STORED: AckStatus
+ACK_DUPLICATE: AckStatus
+ACK_REJECTED: AckStatus
+ACK_STALE: AckStatus
 
 class Trajectory(_message.Message):
     __slots__ = ("trajectory_id", "group_id", "task_id", "env_name", "policy_version", "horizon", "prompt_ids", "response_ids", "response_mask", "response_logprobs", "rewards", "reward", "num_turns", "terminated", "truncated", "failure", "turn_seconds", "info_json")
@@ -61,12 +74,68 @@ class Trajectory(_message.Message):
     info_json: str
     def __init__(self, trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., task_id: _Optional[str] = ..., env_name: _Optional[str] = ..., policy_version: _Optional[int] = ..., horizon: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., rewards: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., failure: _Optional[_Union[Failure, str]] = ..., turn_seconds: _Optional[_Iterable[float]] = ..., info_json: _Optional[str] = ...) -> None: ...
 
-class PushAck(_message.Message):
-    __slots__ = ("received", "duplicates", "rejected")
-    RECEIVED_FIELD_NUMBER: _ClassVar[int]
-    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
-    REJECTED_FIELD_NUMBER: _ClassVar[int]
-    received: int
-    duplicates: int
-    rejected: int
-    def __init__(self, received: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
+class CreditRequest(_message.Message):
+    __slots__ = ("want",)
+    WANT_FIELD_NUMBER: _ClassVar[int]
+    want: int
+    def __init__(self, want: _Optional[int] = ...) -> None: ...
+
+class CreditGrant(_message.Message):
+    __slots__ = ("credits", "waited", "max_message_bytes", "max_trajectory_bytes")
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    WAITED_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRAJECTORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    credits: int
+    waited: bool
+    max_message_bytes: int
+    max_trajectory_bytes: int
+    def __init__(self, credits: _Optional[int] = ..., waited: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., max_trajectory_bytes: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("trajectory_id", "index", "count", "total_bytes", "data")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    index: int
+    count: int
+    total_bytes: int
+    data: bytes
+    def __init__(self, trajectory_id: _Optional[str] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TrajectoryBatch(_message.Message):
+    __slots__ = ("trajectories",)
+    TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
+    def __init__(self, trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("credit_request", "batch", "chunk")
+    CREDIT_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    credit_request: CreditRequest
+    batch: TrajectoryBatch
+    chunk: Chunk
+    def __init__(self, credit_request: _Optional[_Union[CreditRequest, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("trajectory_id", "status", "detail")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    status: AckStatus
+    detail: str
+    def __init__(self, trajectory_id: _Optional[str] = ..., status: _Optional[_Union[AckStatus, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ("grant", "acks")
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    grant: CreditGrant
+    acks: _containers.RepeatedCompositeFieldContainer[Ack]
+    def __init__(self, grant: _Optional[_Union[CreditGrant, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ...) -> None: ...

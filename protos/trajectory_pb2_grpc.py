@@ -34,10 +34,10 @@ class TrajectoryServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Push = channel.stream_unary(
+        self.Push = channel.stream_stream(
                 '/horizonrl.v1.TrajectoryService/Push',
-                request_serializer=protos_dot_trajectory__pb2.Trajectory.SerializeToString,
-                response_deserializer=protos_dot_trajectory__pb2.PushAck.FromString,
+                request_serializer=protos_dot_trajectory__pb2.PushRequest.SerializeToString,
+                response_deserializer=protos_dot_trajectory__pb2.PushResponse.FromString,
                 _registered_method=True)
 
 
@@ -45,7 +45,7 @@ class TrajectoryServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Push(self, request_iterator, context):
-        """A generator streams finished trajectories; the learner answers once when the stream ends.
+        """A generator streams finished trajectories against credits; see the flow above.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -54,10 +54,10 @@ class TrajectoryServiceServicer:
 
 def add_TrajectoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Push': grpc.stream_unary_rpc_method_handler(
+            'Push': grpc.stream_stream_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=protos_dot_trajectory__pb2.Trajectory.FromString,
-                    response_serializer=protos_dot_trajectory__pb2.PushAck.SerializeToString,
+                    request_deserializer=protos_dot_trajectory__pb2.PushRequest.FromString,
+                    response_serializer=protos_dot_trajectory__pb2.PushResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -81,12 +81,12 @@ class TrajectoryService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_unary(
+        return grpc.experimental.stream_stream(
             request_iterator,
             target,
             '/horizonrl.v1.TrajectoryService/Push',
-            protos_dot_trajectory__pb2.Trajectory.SerializeToString,
-            protos_dot_trajectory__pb2.PushAck.FromString,
+            protos_dot_trajectory__pb2.PushRequest.SerializeToString,
+            protos_dot_trajectory__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,7 +19,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cfg(tmp_path, tiny_model_path, fault: dict | None = None, *extra: str):
+def _default_model() -> str:
+    """The embedded default's pre-trained tiny model (built on first use, then cached), so
+    groups have successes and updates happen. Passed as model.path: the fault-injecting env
+    must never be used to build a model (its fault would fire in the builder)."""
+    from cluster.config import ModelConfig
+    from cluster.models import ensure_model
+    from envpool.config import EnvConfig
+
+    return str(ensure_model(ModelConfig(), env=EnvConfig()))
+
+
+def _cfg(tmp_path, fault: dict | None = None, *extra: str):
+    """The embedded default at a small scale, optionally on the fault-injecting env."""
     env = ["env.replicas_per_actor=8", "env.num_actors=2", "env.call_timeout_s=5"]
     if fault is not None:
         fault = {"env": "babyai", "env_kwargs": {"level": "BabyAI-GoToRedBall-v0"},
@@ -27,7 +39,7 @@ def _cfg(tmp_path, tiny_model_path, fault: dict | None = None, *extra: str):
         env += ["env.name=faulty", f"env.kwargs={fault}"]
     return load_config(ROOT / "configs/babyai-local.yaml", [
         "name=chaos", "iterations=3", "metrics.port=0", f"run_root={tmp_path / 'runs'}",
-        f"model.path={tiny_model_path}", "generator.tasks_per_step=4",
+        f"model.path={_default_model()}", "generator.tasks_per_step=4",
         "generator.group_size=4", "curriculum.horizons=[5]", "learner.minibatches=1",
         "checkpoint_every=0", *env, *extra])
 
@@ -54,25 +66,25 @@ def _run(cfg, steps=3, during=None):
         return trainer, metrics, _assert_reconciled(trainer, metrics)
 
 
-def test_env_replica_process_dies_mid_episode(tmp_path, tiny_model_path):
-    cfg = _cfg(tmp_path, tiny_model_path, {"fault": "exit", "at_step": 6})
+def test_env_replica_process_dies_mid_episode(tmp_path):
+    cfg = _cfg(tmp_path, {"fault": "exit", "at_step": 6})
     _trainer, metrics, led = _run(cfg)
     assert led["dropped"].get("env_error", 0) >= 1  # the dead actor's episodes, masked out
     assert sum(m["env_restarts"] > 0 for m in metrics) >= 1
     assert led["trained"] > 0
 
 
-def test_env_step_hangs_and_is_cut_by_the_timeout(tmp_path, tiny_model_path):
-    cfg = _cfg(tmp_path, tiny_model_path, {"fault": "sleep", "at_step": 6, "sleep_s": 30})
+def test_env_step_hangs_and_is_cut_by_the_timeout(tmp_path):
+    cfg = _cfg(tmp_path, {"fault": "sleep", "at_step": 6, "sleep_s": 30})
     _trainer, _metrics, led = _run(cfg)
     assert led["dropped"].get("timeout", 0) >= 1
 
 
-def test_generator_killed_mid_rollout(tmp_path, tiny_model_path):
+def test_generator_killed_mid_rollout(tmp_path):
     """The env hangs (once) so the rollout is surely in flight; then the generator's process is
     SIGKILLed. The driver restarts it (weights and horizon restored) and re-runs its tasks
     under new ids."""
-    cfg = _cfg(tmp_path, tiny_model_path, {"fault": "sleep", "at_step": 10, "sleep_s": 4},
+    cfg = _cfg(tmp_path, {"fault": "sleep", "at_step": 10, "sleep_s": 4},
                "env.call_timeout_s=60")
     fired = tmp_path / "fired"
 
@@ -91,7 +103,7 @@ def test_generator_killed_mid_rollout(tmp_path, tiny_model_path):
     assert metrics[-1]["policy_version"] == 3
 
 
-def test_learner_rank_killed_then_resume(tmp_path, tiny_model_path):
+def test_learner_rank_killed_then_resume(tmp_path):
     import ray
 
     from cluster.checkpoints import load_resume
@@ -99,7 +111,7 @@ def test_learner_rank_killed_then_resume(tmp_path, tiny_model_path):
     from cluster.iteration import make_run_dir
     from cluster.runtime import ray_session
 
-    cfg = _cfg(tmp_path, tiny_model_path)
+    cfg = _cfg(tmp_path)
     run_dir = make_run_dir(cfg)
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
         trainer.step()

@@ -42,3 +42,14 @@ def test_token_required_when_given():
         assert good.send([_traj(1), _traj(2)]).received == 2
         good.close()
         assert [t.trajectory_id for t in ingest.take(2, timeout=5)] == ["t1", "t2"]
+
+
+def test_health_check_needs_no_token():
+    """Probes (kubelet, grpc_health_probe) cannot send a token; health reveals nothing."""
+    from protos import health_pb2, health_pb2_grpc
+
+    with TrajectoryIngest(host="127.0.0.2", port=0, auth_token="s3cret") as ingest:
+        with grpc.insecure_channel(ingest.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING

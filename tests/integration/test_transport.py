@@ -1,4 +1,6 @@
-"""gRPC transport end to end: a real TrajectoryIngest on 127.0.0.1:0 and a real TrajectorySender."""
+"""gRPC transport end to end: a real TrajectoryIngest on 127.0.0.1:0 and a real TrajectorySender.
+
+Protocol errors are provoked with a raw stub speaking the Push stream directly."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import grpc
 import pytest
 
 from actors.transport import PushResult, TrajectorySender
-from learner.ingest import TrajectoryIngest
-from protos import trajectory_pb2_grpc
-from protos.codec import to_proto
+from learner.ingest import SERVICE_NAME, TrajectoryIngest
+from protos import health_pb2, health_pb2_grpc, trajectory_pb2, trajectory_pb2_grpc
+from protos.codec import from_proto, to_chunks, to_proto
 from protos.trajectory import Trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -41,6 +43,25 @@ def make_trajectory(i: int, *, prompt_len: int = 8) -> Trajectory:
     )
 
 
+def credits(want: int) -> trajectory_pb2.PushRequest:
+    return trajectory_pb2.PushRequest(credit_request=trajectory_pb2.CreditRequest(want=want))
+
+
+def whole(*ts: Trajectory | trajectory_pb2.Trajectory) -> trajectory_pb2.PushRequest:
+    """One message carrying `ts` whole."""
+    messages = [t if isinstance(t, trajectory_pb2.Trajectory) else to_proto(t) for t in ts]
+    return trajectory_pb2.PushRequest(
+        batch=trajectory_pb2.TrajectoryBatch(trajectories=messages))
+
+
+def raw_push(address: str, requests: list[trajectory_pb2.PushRequest],
+             **kwargs: object) -> list[trajectory_pb2.PushResponse]:
+    """One Push stream with exactly these requests; the responses, or grpc.RpcError."""
+    with grpc.insecure_channel(address, **kwargs) as channel:  # type: ignore[arg-type]
+        return list(trajectory_pb2_grpc.TrajectoryServiceStub(channel).Push(
+            iter(requests), timeout=10))
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -50,7 +71,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
 
 @pytest.fixture
 def ingest() -> Iterator[TrajectoryIngest]:
-    with TrajectoryIngest(port=0, capacity=1000, put_timeout_s=5.0) as server:
+    with TrajectoryIngest(port=0, capacity=1000, credit_timeout_s=5.0) as server:
         yield server
 
 
@@ -94,15 +115,19 @@ def test_concurrent_senders_of_the_same_ids_store_each_once(ingest: TrajectoryIn
     assert sorted(t.trajectory_id for t in ingest.drain()) == [t.trajectory_id for t in batch]
 
 
-def test_malformed_message_is_rejected_and_server_keeps_serving(
+def test_malformed_trajectory_is_acked_rejected_and_the_stream_goes_on(
     ingest: TrajectoryIngest, sender: TrajectorySender
 ) -> None:
     bad = to_proto(make_trajectory(1))
     del bad.response_mask[-1]  # length mismatch: the dataclass raises ValueError on decode
-    messages = [to_proto(make_trajectory(0)), bad, to_proto(make_trajectory(2))]
-    with grpc.insecure_channel(ingest.address) as channel:
-        ack = trajectory_pb2_grpc.TrajectoryServiceStub(channel).Push(iter(messages), timeout=10)
-    assert (ack.received, ack.duplicates, ack.rejected) == (2, 0, 1)
+    responses = raw_push(ingest.address, [credits(3), whole(make_trajectory(0), bad),
+                                          whole(make_trajectory(2))])
+    assert responses[0].grant.credits == 3
+    acks = [a for r in responses for a in r.acks]  # batched: before grants and at the end
+    assert [(a.trajectory_id, a.status) for a in acks] == [
+        ("traj-00000", trajectory_pb2.ACK_STORED), ("traj-00001", trajectory_pb2.ACK_REJECTED),
+        ("traj-00002", trajectory_pb2.ACK_STORED)]
+    assert "same length" in acks[1].detail
     assert ingest.stats()["rejected"] == 1
 
     assert sender.send([make_trajectory(3)]).received == 1
@@ -110,29 +135,62 @@ def test_malformed_message_is_rejected_and_server_keeps_serving(
     assert ids == ["traj-00000", "traj-00002", "traj-00003"]
 
 
-def test_oversized_message_gets_resource_exhausted_and_server_keeps_serving() -> None:
+def _chunks(i: int) -> list[trajectory_pb2.PushRequest]:
+    data = to_proto(make_trajectory(i)).SerializeToString()
+    return [trajectory_pb2.PushRequest(chunk=c) for c in to_chunks(f"traj-{i:05d}", data, 64)]
+
+
+@pytest.mark.parametrize(("requests", "code"), [
+    ([b"\xff\xff\xff"], grpc.StatusCode.INVALID_ARGUMENT),  # not a PushRequest at all
+    ([credits(1), trajectory_pb2.PushRequest()], grpc.StatusCode.INVALID_ARGUMENT),  # empty
+    ([whole(make_trajectory(0))], grpc.StatusCode.FAILED_PRECONDITION),  # no credit asked
+    ([credits(1), whole(make_trajectory(0), make_trajectory(1))],
+     grpc.StatusCode.FAILED_PRECONDITION),  # one credit, two trajectories
+    ([credits(2), *_chunks(0)[:2], *_chunks(1)], grpc.StatusCode.INVALID_ARGUMENT),  # cut in
+    ([credits(1), *reversed(_chunks(0))], grpc.StatusCode.INVALID_ARGUMENT),  # out of order
+], ids=["garbage", "empty", "no-credit", "over-credit", "interleaved-chunks", "reordered"])
+def test_protocol_errors_get_status_codes_and_server_keeps_serving(
+    ingest: TrajectoryIngest, sender: TrajectorySender, requests: list, code: grpc.StatusCode
+) -> None:
+    serialize = [r if isinstance(r, bytes) else r.SerializeToString() for r in requests]
+    with grpc.insecure_channel(ingest.address) as channel:
+        push = channel.stream_stream(f"/{SERVICE_NAME}/Push")  # raw bytes in and out
+        with pytest.raises(grpc.RpcError) as err:
+            list(push(iter(serialize), timeout=10))
+    assert err.value.code() == code
+    wait_until(lambda: ingest.stats()["reserved"] == 0)  # the broken stream's credits came back
+
+    assert sender.send([make_trajectory(7)]).received == 1
+    assert "traj-00007" in [t.trajectory_id for t in ingest.drain()]
+
+
+def test_oversized_message_gets_resource_exhausted_and_a_sender_chunks_it() -> None:
     with TrajectoryIngest(port=0, max_message_bytes=1 << 20) as ingest:
         # 400k ids of 100_000 are 3-byte varints: ~1.2 MB, above the 1 MiB limit
-        huge = make_trajectory(0, prompt_len=400_000)
-        huge = to_proto(huge)
+        huge = to_proto(make_trajectory(0, prompt_len=400_000))
         huge.prompt_ids[:] = [100_000] * 400_000
         assert huge.ByteSize() > 1 << 20
-        with grpc.insecure_channel(ingest.address) as channel:
-            stub = trajectory_pb2_grpc.TrajectoryServiceStub(channel)
-            with pytest.raises(grpc.RpcError) as err:
-                stub.Push(iter([huge]), timeout=10)
-            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as err:
+            raw_push(ingest.address, [credits(1), whole(huge)])
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
+        # The sender learns the 1 MiB limit from its first grant and sends the same trajectory
+        # in chunks, although its own chunk size (4 MiB) would let it through whole.
         with TrajectorySender(ingest.address, deadline_s=10.0) as sender:
-            assert sender.send([make_trajectory(1)]).received == 1
-        assert [t.trajectory_id for t in ingest.drain()] == ["traj-00001"]
+            result = sender.send([make_trajectory(1), from_proto(huge)])
+        assert (result.received, result.rejected) == (2, 0)
+        assert ingest.stats()["chunks"] >= 2
+        got = ingest.drain()
+        assert [t.trajectory_id for t in got] == ["traj-00001", "traj-00000"]
+        assert got[1] == from_proto(huge)
 
 
 def test_sender_retries_across_restart_and_ingests_exactly_once() -> None:
     batch = [make_trajectory(i) for i in range(200)]
-    # capacity 50 with nobody taking: the stream blocks after 50, mid-batch, when we stop
+    # capacity 50 with nobody taking: the stream waits for credits after 50, mid-batch, when we
+    # stop the server
     with (
-        TrajectoryIngest(port=0, capacity=50, put_timeout_s=10.0) as ingest,
+        TrajectoryIngest(port=0, capacity=50, credit_timeout_s=10.0) as ingest,
         TrajectorySender(ingest.address, deadline_s=10.0, backoff_s=0.1) as sender,
         ThreadPoolExecutor(max_workers=1) as pool,
     ):
@@ -154,3 +212,48 @@ def test_sender_retries_across_restart_and_ingests_exactly_once() -> None:
         assert result.attempts >= 2
         assert result.received + result.duplicates == 200
         assert ingest.stats()["received"] == 200
+
+
+def test_channel_closed_mid_batch_then_resent_ingests_exactly_once() -> None:
+    batch = [make_trajectory(i) for i in range(120)]
+    with (
+        TrajectoryIngest(port=0, capacity=40, credit_timeout_s=10.0) as ingest,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        first = TrajectorySender(ingest.address, deadline_s=10.0)
+        pending = pool.submit(first.send, batch)
+        wait_until(lambda: ingest.stats()["queue_depth"] == 40)
+        first.close()  # kills the stream from the client side while it waits for credits
+        with pytest.raises(grpc.RpcError) as err:
+            pending.result(timeout=10.0)
+        assert err.value.code() == grpc.StatusCode.CANCELLED
+        wait_until(lambda: ingest.stats()["reserved"] == 0)
+
+        # A new sender (a restarted generator) resends the whole batch with the same ids.
+        with TrajectorySender(ingest.address, deadline_s=10.0) as second:
+            resend = pool.submit(second.send, batch)
+            got = []
+            deadline = time.monotonic() + 15.0
+            while len(got) < 120 and time.monotonic() < deadline:
+                got += ingest.take(40, timeout=0.2)
+            result = resend.result(timeout=15.0)
+        assert [t.trajectory_id for t in got] == [t.trajectory_id for t in batch]
+        assert (result.received, result.duplicates) == (80, 40)
+        assert ingest.stats()["received"] == 120 and ingest.stats()["duplicates"] == 40
+
+
+def test_health_check_reports_serving(ingest: TrajectoryIngest) -> None:
+    with grpc.insecure_channel(ingest.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE_NAME):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as err:
+            health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as err:
+            next(health.Watch(health_pb2.HealthCheckRequest(), timeout=5))
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert ingest.serving
+    ingest.stop()
+    assert not ingest.serving

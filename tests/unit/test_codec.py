@@ -1,4 +1,5 @@
-"""The protobuf codec: exact round trips, float32 on the wire, malformed input -> ValueError."""
+"""The protobuf codec: exact round trips, float32 on the wire, malformed input -> ValueError,
+and chunking: slices that reassemble exactly, broken sequences -> ChunkError."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from protos import trajectory_pb2
-from protos.codec import decode, encode, from_proto, to_proto
+from protos.codec import ChunkAssembler, ChunkError, decode, encode, from_proto, to_chunks, to_proto
 from protos.trajectory import Failure, Trajectory
 
 
@@ -96,3 +97,64 @@ def test_other_malformed_messages_raise_value_error() -> None:
 def test_info_must_be_json() -> None:
     with pytest.raises(TypeError):
         to_proto(multi_turn(info={"obj": object()}))
+
+
+def test_chunks_reassemble_to_the_same_trajectory() -> None:
+    t = multi_turn(response_ids=tuple(range(30_000, 31_000)), response_mask=(1,) * 1000,
+                   response_logprobs=(-0.5,) * 1000)
+    data = encode(t)
+    chunks = to_chunks(t.trajectory_id, data, 700)
+    assert len(chunks) == -(-len(data) // 700) and all(len(c.data) <= 700 for c in chunks)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assembler = ChunkAssembler()
+    done = [assembler.add(c) for c in chunks]
+    assert done[:-1] == [None] * (len(chunks) - 1) and assembler.active is None
+    assert done[-1] is not None and done[-1].trajectory_id == t.trajectory_id
+    assert decode(done[-1].data) == t
+    assert len(to_chunks("empty", b"", 10)) == 1  # an empty payload is still one set
+
+
+def test_a_set_not_kept_is_checked_but_its_bytes_dropped() -> None:
+    chunks = to_chunks("dup", bytes(range(256)) * 4, 100)
+    assembler = ChunkAssembler()
+    assert assembler.add(chunks[0], keep=False) is None
+    assert assembler.active == "dup"
+    for c in chunks[1:-1]:
+        assert assembler.add(c, keep=True) is None  # keep is read on the first chunk only
+    done = assembler.add(chunks[-1])
+    assert done is not None and (done.trajectory_id, done.data) == ("dup", None)
+
+
+def _tampered(chunks: list, i: int, **fields: Any) -> list:
+    out = [type(c)() for c in chunks]
+    for new, old in zip(out, chunks):
+        new.CopyFrom(old)
+    for name, value in fields.items():
+        setattr(out[i], name, value)
+    return out
+
+
+@pytest.mark.parametrize(("index", "fields", "match"), [
+    (0, {"index": 1}, "must start at index 0"),
+    (1, {"index": 2}, "expected chunk"),
+    (1, {"trajectory_id": "other"}, "expected chunk"),
+    (1, {"count": 9}, "expected chunk"),
+    (1, {"data": b"x" * 101}, "exceeds its declared"),
+    (2, {"data": b"x"}, "ended with"),
+])
+def test_broken_chunk_sequences_raise_chunk_error(index: int, fields: dict, match: str) -> None:
+    chunks = _tampered(to_chunks("t", b"y" * 250, 100), index, **fields)
+    assembler = ChunkAssembler()
+    with pytest.raises(ChunkError, match=match):
+        for c in chunks:
+            assembler.add(c)
+    assert assembler.active is None  # the broken set is gone: the next one starts clean
+    assert assembler.discard() is False
+
+
+def test_discard_drops_a_set_in_progress() -> None:
+    chunks = to_chunks("t", b"z" * 250, 100)
+    assembler = ChunkAssembler()
+    assembler.add(chunks[0])
+    assert assembler.discard() is True and assembler.active is None
+    assert [assembler.add(c) for c in chunks][-1].data == b"z" * 250
