@@ -13,7 +13,7 @@ endif
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 
-.PHONY: install install-dev train test test-all protos lint clean
+.PHONY: install install-dev train test test-all test-chaos test-fuzz protos lint clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,14 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -q tests
+
+# Faults injected into the real stack, each ending with a reconciled trajectory ledger.
+test-chaos: install
+	$(PY) -m pytest -q -m chaos tests
+
+# Generated inputs against the env server, the gRPC ingest, the config loader.
+test-fuzz: install
+	$(PY) -m pytest -q -s -m fuzz tests
 
 protos: install
 	$(PY) -m protos.generate

@@ -85,14 +85,16 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out or ROOT / "runs" / f"soak__{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    sciworld = {"name": "sciworld", "weight": 1, "replicas_per_actor": 8,
+    # Up to tasks_per_step x group_size episodes of one env run at once: 3 x 4 = 12 replicas
+    # each (12 JVMs for SciWorld at most).
+    sciworld = {"name": "sciworld", "weight": 1, "replicas_per_actor": 12,
                 "recycle_every_episodes": args.recycle, "call_timeout_s": 120,
                 "kwargs": {"tasks": ["find-animal", "use-thermometer"], "jvm_heap_mb": 512}}
     cmd = [sys.executable, "-m", "cluster.cli", "train", "--config",
            "configs/babyai-local.yaml", "name=soak", "iterations=100000", "metrics.port=0",
            f"run_root={out / 'runs'}", "checkpoint_every=50", "keep_checkpoints=2",
-           "generator.tasks_per_step=6", "generator.max_context_tokens=4096",
-           "env.replicas_per_actor=40", "env.weight=2", f"extra_envs=[{json.dumps(sciworld)}]"]
+           "generator.tasks_per_step=3", "generator.group_size=4",
+           "generator.max_context_tokens=4096", "env.replicas_per_actor=12", "env.weight=2", f"extra_envs=[{json.dumps(sciworld)}]"]
     log = (out / "train.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     t0 = time.monotonic()
@@ -148,7 +150,8 @@ def report(samples: list[dict[str, float]], args: argparse.Namespace, out: Path)
     ax.set_ylabel("RSS (MB), summed per process kind")
     ax.set_title("Soak: memory per process kind (BabyAI + SciWorld, recycling)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(out / "soak.png", dpi=110)
 

@@ -47,8 +47,13 @@ class Ledger:
         path = run_dir / "ledger.jsonl"
         lines = []
         if path.exists():
-            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-            lines = [x for x in lines if x["step"] < step]
+            for raw in path.read_text().splitlines():
+                try:
+                    x = json.loads(raw)
+                except json.JSONDecodeError:  # a line cut by the kill: its step re-runs
+                    continue
+                if x["step"] < step:
+                    lines.append(x)
             path.write_text("".join(json.dumps(x) + "\n" for x in lines))
         led = cls(run_dir)
         for x in lines:

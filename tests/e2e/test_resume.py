@@ -75,3 +75,10 @@ def test_sigkill_after_stage_change_then_resume(tmp_path):
     final = json.loads((run_dir / "checkpoints/step_000010/trainer_state.json").read_text())
     assert final["step"] == 10 and final["policy_version"] == 10
     assert final["curriculum"]["step"] == 10 and final["curriculum"]["horizon"] == 3
+    # The ledger continues across the kill: steps re-run after the checkpoint replace their
+    # lost lines, and every id ends trained or dropped with a reason.
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["reconciled"] and ledger["unaccounted"] == 0 and ledger["conflicts"] == 0
+    fates = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert sorted({f["step"] for f in fates}) == list(range(10))
+    assert ledger["generated"] == len(fates) == ledger["trained"] + ledger["dropped_total"]

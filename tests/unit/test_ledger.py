@@ -38,3 +38,21 @@ def test_unaccounted_double_fates_and_unknown_ids_break_it(capsys):
     assert "DOES NOT RECONCILE" in capsys.readouterr().out
     with pytest.raises(ValueError, match="unknown drop reason"):
         led.add_dropped(["a"], "because", step=2)
+
+
+def test_resume_keeps_the_steps_before_the_checkpoint(tmp_path):
+    led = Ledger(tmp_path)
+    for step in range(3):
+        ids = [f"s{step}-{k}" for k in range(2)]
+        led.add_generated(ids)
+        led.add_trained(ids[:1], step=step)
+        led.add_dropped(ids[1:], "zero_variance", step=step)
+        led.flush()
+    led._log.write('{"step": 2, "id": "cut')  # a line cut short by SIGKILL
+    led._log.flush()
+    again = Ledger.resume(tmp_path, step=2)  # steps 2+ are about to be re-run
+    s = again.summary()
+    assert s["generated"] == 4 and s["trained"] == 2 and s["reconciled"]
+    again.add_generated(["new"])
+    again.add_trained(["new"], step=2)
+    assert again.close()["generated"] == 5
