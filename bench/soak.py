@@ -94,7 +94,8 @@ def main() -> None:
            "configs/babyai-local.yaml", "name=soak", "iterations=100000", "metrics.port=0",
            f"run_root={out / 'runs'}", "checkpoint_every=50", "keep_checkpoints=2",
            "generator.tasks_per_step=3", "generator.group_size=4",
-           "generator.max_context_tokens=4096", "env.replicas_per_actor=12", "env.weight=2", f"extra_envs=[{json.dumps(sciworld)}]"]
+           "generator.max_context_tokens=4096", "env.replicas_per_actor=12", "env.weight=2",
+           f"extra_envs=[{json.dumps(sciworld)}]"]
     log = (out / "train.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     t0 = time.monotonic()
