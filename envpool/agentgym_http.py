@@ -29,7 +29,7 @@ from typing import Any, Self
 
 import httpx
 
-from envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action
+from envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, utf8_safe
 
 SYSTEM_PROMPT = (
     "You are an agent acting in a text environment. Each turn you read an observation and "
@@ -168,7 +168,8 @@ class AgentGymHTTPEnv:
             obs = f"Invalid action (over {self.max_action_chars} characters). {last.observation}"
             return StepResult(obs, 0.0, last.terminated, last.truncated, info)
         try:
-            answer = self._request("POST", "/step", json={**self._ids(), "action": _utf8(action)})
+            body = {**self._ids(), "action": utf8_safe(action)}
+            answer = self._request("POST", "/step", json=body)
         except AgentGymEnvLostError:
             self._id = None
             raise
@@ -379,10 +380,3 @@ def _short(value: Any) -> str:
     return f"{type(value).__name__} {text[:120]}{'...' if len(text) > 120 else ''}"
 
 
-def _utf8(text: str) -> str:
-    """`text`, with what UTF-8 cannot encode (lone surrogates) replaced, so sending never fails."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text

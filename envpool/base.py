@@ -69,3 +69,13 @@ def parse_agentgym_action(text: str) -> str:
     else:
         line = next((ln for ln in text.splitlines() if ln.strip()), "")
     return " ".join(line[:MAX_ACTION_CHARS].split())
+
+
+def utf8_safe(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (lone surrogates, valid in JSON escapes and Python
+    strings) replaced, so sending it over HTTP/JSON never fails."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from envpool.agentgym_http import MAX_WIRE_ACTION_CHARS
-from envpool.base import TextEnv
+from envpool.base import TextEnv, utf8_safe
 from envpool.registry import env_spec, make_env
 
 log = logging.getLogger(__name__)
@@ -185,15 +185,6 @@ def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
                                  else str(v)))
 
 
-def _utf8(text: str) -> str:
-    """Text a JSON answer can carry: lone surrogates (valid in JSON escapes) are replaced."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
-
-
 # ------------------------------------------------------------------------------------ app
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
@@ -253,7 +244,7 @@ def create_app(
             obs, info = _env_call("reset", lambda: slot.env.reset(seed=req.data_idx,
                                                                   options=req.options))
             slot.observation = obs
-        return ResetResponse(observation=_utf8(obs), info=_jsonable(info))
+        return ResetResponse(observation=utf8_safe(obs), info=_jsonable(info))
 
     @app.post("/step", summary="Take one action", responses=_ERRORS)
     def step(req: StepRequest) -> StepResponse:
@@ -263,13 +254,13 @@ def create_app(
         slot = table.get(req.id)
         with slot.lock:
             _started(slot, req.id)
-            result = _env_call("step", lambda: slot.env.step(_utf8(req.action)))
+            result = _env_call("step", lambda: slot.env.step(utf8_safe(req.action)))
             slot.observation = result.observation
         info = _jsonable(result.info)
         score = info.get("score")
         ok = isinstance(score, int | float) and not isinstance(score, bool)
         return StepResponse(
-            observation=_utf8(result.observation), reward=float(result.reward),
+            observation=utf8_safe(result.observation), reward=float(result.reward),
             score=float(score) if ok else float(result.reward), info=info,
             done=result.terminated or result.truncated, terminated=result.terminated,
             truncated=result.truncated,
@@ -281,7 +272,7 @@ def create_app(
         env_id = _query_id(id, env_idx)
         slot = table.get(env_id)
         with slot.lock:
-            return _utf8(_started(slot, env_id))
+            return utf8_safe(_started(slot, env_id))
 
     @app.get("/oracle", summary="The scripted agent's next action", responses=_ERRORS | {
         501: {"model": ErrorResponse, "description": "The env has no oracle."}})
