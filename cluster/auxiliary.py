@@ -82,9 +82,10 @@ def _is_conversations(path: Path) -> bool:
 
 
 def run_auxiliary(kind: str, cfg: RunConfig, *, data: str, out: str | Path, steps: int,
-                  batch_size: int, model: str | None = None) -> list[float]:
-    """Train `steps` steps of `kind` on minibatches drawn (seeded) from `data`; save the model.
-    Returns the loss of every step."""
+                  batch_size: int, model: str | None = None,
+                  max_examples: int | None = None) -> list[float]:
+    """Train `steps` steps of `kind` on minibatches drawn (seeded) from `data` (its first
+    `max_examples` items, if set); save the model. Returns the loss of every step."""
     from cluster.runtime import ray_session
     from learner.group import LearnerGroup
 
@@ -92,7 +93,7 @@ def run_auxiliary(kind: str, cfg: RunConfig, *, data: str, out: str | Path, step
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     model_path = model or str(ensure_model(cfg.model, env=cfg.env))
-    items = build_data(kind, data, cfg, model_path)
+    items = build_data(kind, data, cfg, model_path)[:max_examples]
     need = max(batch_size, cfg.learner.world_size)
     if len(items) < need:
         raise ValueError(f"{kind}: {len(items)} examples in {data}, need at least {need}")

@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                        "config's model)")
         a.add_argument("--steps", type=int, default=20, help="optimizer steps")
         a.add_argument("--batch-size", type=int, default=8, help="examples (pairs) per step")
+        a.add_argument("--max-examples", type=int, help="use only the first N examples (pairs)")
         a.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
     v = sub.add_parser("eval", help="accuracy per env, against max turns, and pass@K, with "
                        "plots (eval split, deterministic seeds)")
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             run_auxiliary(args.command, cfg, data=args.data, out=args.out, steps=args.steps,
-                          batch_size=args.batch_size, model=args.model)
+                          batch_size=args.batch_size, model=args.model,
+                          max_examples=args.max_examples)
         except (FileNotFoundError, ValueError) as exc:
             print(f"horizonrl: {args.command}: {exc}", file=sys.stderr)
             return 2

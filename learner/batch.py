@@ -66,7 +66,7 @@ def token_rewards(t: Trajectory) -> np.ndarray:
 
 def split_rows(batch: dict[str, np.ndarray], parts: int) -> list[dict[str, np.ndarray]]:
     """Split along rows into `parts` near-equal pieces (every piece non-empty)."""
-    rows = np.array_split(np.arange(len(batch["input_ids"])), parts)
+    rows = np.array_split(np.arange(len(next(iter(batch.values())))), parts)
     return [{k: v[r] for k, v in batch.items()} for r in rows]
 
 
