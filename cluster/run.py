@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -40,8 +41,9 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
         print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training to "
               f"{cfg.iterations} iterations", flush=True)
         progress = ProgressReporter(total=cfg.iterations, done=trainer.step_count)
+        stop = StopRequest()
         try:
-            while trainer.step_count < cfg.iterations:
+            while trainer.step_count < cfg.iterations and not stop.requested:
                 m = trainer.step()
                 progress.update(m)
                 if m["horizon"] != m["next_horizon"]:
@@ -59,8 +61,32 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
                     trainer.save_checkpoint()
         finally:
             progress.close()
+            stop.restore()
         final = trainer.save_checkpoint() if state is None or trainer.step_count > state.step \
             else state.checkpoint
-        print(f"[horizonrl] done in {time.perf_counter() - t0:.0f}s; final checkpoint {final}",
-              flush=True)
+        what = f"stopped by {stop.requested} after step" if stop.requested else "done at step"
+        print(f"[horizonrl] {what} {trainer.step_count} in {time.perf_counter() - t0:.0f}s; "
+              f"final checkpoint {final}", flush=True)
     return run_dir
+
+
+class StopRequest:
+    """SIGINT or SIGTERM (Ctrl-C, `kill`, a Kubernetes pod's termination notice) asks the run
+    to stop after the current iteration, with a checkpoint and the ledger closed; a second
+    SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old = {sig: signal.signal(sig, self._handle)
+                     for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        print(f"[horizonrl] {self.requested}: stopping after this iteration (checkpoint "
+              "first); SIGINT again to stop now", flush=True)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)

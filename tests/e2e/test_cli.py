@@ -84,3 +84,33 @@ def test_train_cli_writes_run_dir(tmp_path):
     diff = max(abs(a - b) for a, b in zip(vllm, probe["logprobs"]))
     print(f"\nexported model in vLLM vs learner on the probe: max diff {diff:.2e}")
     assert diff < 1e-4
+
+
+def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path):
+    """A pod's termination notice (SIGTERM) ends the run cleanly: the running iteration
+    finishes, a checkpoint is written, the ledger closes reconciled, exit code 0."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=term", "iterations=200",
+         "metrics.port=0", f"run_root={tmp_path}", "checkpoint_every=0",
+         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    deadline = time.monotonic() + 600
+    for line in proc.stdout:  # bounded by the deadline below and the process's own end
+        lines.append(line)
+        if "step   3/200" in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    text = "".join(lines) + out
+    assert proc.returncode == 0, text[-3000:]
+    assert "stopped by SIGTERM after step" in text
+    (run_dir,) = tmp_path.iterdir()
+    ckpts = sorted((run_dir / "checkpoints").iterdir())
+    assert ckpts and ckpts[-1].name >= "step_000003"
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["reconciled"] and ledger["generated"] > 0
