@@ -74,6 +74,7 @@ def test_env_replica_process_dies_mid_episode(tmp_path):
     assert led["trained"] > 0
 
 
+@pytest.mark.slow  # the pool-level hang test (test_envpool_faults) runs in the default suite
 def test_env_step_hangs_and_is_cut_by_the_timeout(tmp_path):
     cfg = _cfg(tmp_path, {"fault": "sleep", "at_step": 6, "sleep_s": 30})
     _trainer, _metrics, led = _run(cfg)

@@ -130,7 +130,9 @@ def _group(cfg: LearnerConfig, model_path, tokenizer):
     return LearnerGroup(cfg, model_path=str(model_path), pad_id=tokenizer.pad_token_id, seed=0)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+# ZeRO-2 (the default) runs in the default suite; stages 1 and 3 with the slow ones.
+@pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.slow), 2,
+                                   pytest.param(3, marks=pytest.mark.slow)])
 def test_zero_stage_matches_torch_reference(ray_local, batches, tiny_model_path, tokenizer,
                                             stage):
     cfg = learner_cfg(zero_stage=stage)
@@ -173,6 +175,7 @@ def test_ppo_critic_value_loss_falls(ray_local, batches, tiny_model_path, tokeni
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.slow  # bench/algorithms.py trains each from the CLI; unit tests check the math
 @pytest.mark.parametrize("algorithm", ["rloo", "reinforce_pp"])
 def test_other_algorithms_update(ray_local, batches, tiny_model_path, tokenizer, algorithm):
     group = _group(learner_cfg(algorithm=algorithm), tiny_model_path, tokenizer)
