@@ -24,7 +24,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -33,12 +32,13 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from protos import health_pb2, health_pb2_grpc, trajectory_pb2
+from learner.ingest_guard import Health, TokenCheck, is_loopback, is_wildcard
+from protos import health_pb2_grpc, trajectory_pb2
 from protos.codec import ChunkAssembler, ChunkError, decode, from_proto
 from protos.trajectory import Trajectory
 
@@ -50,57 +50,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 32k-token episode is ~0.3 MB: ample headroom
 DEFAULT_MAX_TRAJECTORY_BYTES = 64 * 1024 * 1024  # reassembly bound per stream
 SERVICE_NAME = trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name
-_HEALTH_PREFIX = "/grpc.health.v1.Health/"
-_Serving = health_pb2.HealthCheckResponse.ServingStatus
 _Status = trajectory_pb2.AckStatus.ValueType
 _STAT_OF = {trajectory_pb2.ACK_STORED: "received", trajectory_pb2.ACK_DUPLICATE: "duplicates",
             trajectory_pb2.ACK_REJECTED: "rejected", trajectory_pb2.ACK_STALE: "dropped_stale"}
-
-
-def is_wildcard(host: str) -> bool:
-    """An address that binds every interface ("", 0.0.0.0, ::)."""
-    return host.strip("[]") in ("", "0.0.0.0", "::")
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 and localhost: addresses no other machine can reach."""
-    import ipaddress
-
-    if host.strip("[]") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-class _TokenCheck(grpc.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <token>` (UNAUTHENTICATED); health is open."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    def intercept_service(self, continuation: Any, details: Any) -> Any:
-        handler = continuation(details)
-        if handler is None or details.method.startswith(_HEALTH_PREFIX):
-            return handler
-        sent = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(str(sent).encode(), self._expected):
-            return handler
-        return _refusal(handler)
-
-
-def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming kind as `handler` that answers UNAUTHENTICATED."""
-
-    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ingest token")
-
-    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
-             (False, True): grpc.unary_stream_rpc_method_handler,
-             (True, False): grpc.stream_unary_rpc_method_handler,
-             (True, True): grpc.stream_stream_rpc_method_handler}
-    return kinds[(handler.request_streaming, handler.response_streaming)](refuse)
 
 
 class _Stream:
@@ -208,7 +160,7 @@ class TrajectoryIngest:
             # would then bind silently and steal half the streams. Fail the bind instead.
             ("grpc.so_reuseport", 0),
         ]
-        interceptors = [] if self._auth_token is None else [_TokenCheck(self._auth_token)]
+        interceptors = [] if self._auth_token is None else [TokenCheck(self._auth_token)]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="ingest"),
             options=options,
@@ -221,7 +173,8 @@ class TrajectoryIngest:
             response_serializer=trajectory_pb2.PushResponse.SerializeToString)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, {"Push": push}),))
-        health_pb2_grpc.add_HealthServicer_to_server(_Health(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(
+            Health(SERVICE_NAME, lambda: self.serving), server)
         target = f"{self._host}:{self._port}"
         try:
             if self._tls is None:
@@ -474,16 +427,3 @@ def _parse_request(data: bytes) -> trajectory_pb2.PushRequest:
         return trajectory_pb2.PushRequest.FromString(data)
     except DecodeError:  # not None: gRPC itself would answer None with INTERNAL
         return trajectory_pb2.PushRequest()  # empty: the handler answers INVALID_ARGUMENT
-
-
-class _Health(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1 Check for "" and the trajectory service; Watch stays UNIMPLEMENTED."""
-
-    def __init__(self, ingest: TrajectoryIngest) -> None:
-        self._ingest = ingest
-
-    def Check(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if request.service not in ("", SERVICE_NAME):
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        status = _Serving.SERVING if self._ingest.serving else _Serving.NOT_SERVING
-        return health_pb2.HealthCheckResponse(status=status)
