@@ -277,13 +277,14 @@ class Trainer:
         led.add_dropped(g.orphans, "generator_lost", step)
         for reason, ids in g.dropped.items():
             led.add_dropped(ids, reason, step)
-        for fate, idx in self.learner.fates(trajs).items():
+        fates = self.learner.fates(trajs)
+        for fate, idx in fates.items():
             ids = [trajs[i].trajectory_id for i in idx]
             if fate == "trained":
                 led.add_trained(ids, step)
             else:
                 led.add_dropped(ids, fate, step)
-        return len(self.learner.fates(trajs).get("trained", []))
+        return len(fates.get("trained", []))
 
     def _bumps_version(self, learn: dict[str, float]) -> bool:
         return True  # sync: every iteration is a version (generators reload in lock-step)
