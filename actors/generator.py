@@ -19,6 +19,7 @@ import numpy as np
 
 from actors.chat import ChatFormat, load_tokenizer
 from actors.config import GeneratorConfig
+from actors.heap import trim_heap
 from actors.rollout import AgentLoop, Engine
 from envpool.pool import EnvError, EnvPool
 from envpool.registry import env_spec
@@ -155,6 +156,8 @@ class GeneratorActor:
         finally:
             for key, idx in _by_env(envs, range(len(loops))).items():
                 self.pools[key].release([slots[i] for i in idx if slots[i] is not None])
+            if self.cfg.trim_heap:  # fragmentation, not a leak: see actors/heap.py
+                trim_heap()
         return {"trajectory_ids": sent, "policy_version": version, "horizon": horizon,
                 "seconds": timing, "env_restarts": self.env_restarts(),
                 "env_stats": self.env_stats(), **counts}

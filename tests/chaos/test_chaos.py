@@ -104,6 +104,37 @@ def test_generator_killed_mid_rollout(tmp_path):
     assert metrics[-1]["policy_version"] == 3
 
 
+def test_ingest_restarted_under_load(tmp_path):
+    """The learner's gRPC ingest goes down for 6 s mid-rollout, once part of a step's episodes
+    has arrived, and comes back on the same port. The generator's next pushes meet a stopped
+    ingest, wait for it (gRPC wait_for_ready, within the push deadline) and are delivered once
+    it is back; what the ingest held before the stop is kept."""
+    cfg = _cfg(tmp_path)
+    per_step, seen = 16, {}
+
+    def restart_ingest(trainer):
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # until a step is partly delivered
+            got = trainer.ingest.stats()["received"]
+            if got % per_step:
+                break
+            time.sleep(0.005)
+        seen.update(step=trainer.step_count, received_before=got)
+        trainer.ingest.stop(grace=0)
+        time.sleep(6)
+        seen["restarted"] = trainer.ingest.start().serving
+
+    trainer, metrics, led = _run(cfg, during=restart_ingest)
+    print(f"restart: {seen}, transport seconds: {[m['seconds']['transport'] for m in metrics]}")
+    assert seen.get("restarted") and seen["received_before"] % per_step
+    # that step's later pushes waited for the ingest
+    assert metrics[seen["step"]]["seconds"]["transport"] > 2.0
+    assert trainer.generator_restarts == 0
+    assert led["generated"] == 3 * per_step and led["trained"] > 0
+    assert not set(led["dropped"]) - {"zero_variance"}  # nothing lost to the restart
+    assert trainer.ingest.stats()["received"] == 3 * per_step  # each stored once
+
+
 def test_learner_rank_killed_then_resume(tmp_path):
     import ray
 
