@@ -16,6 +16,10 @@ class IngestConfig(BaseModel):
     port: int = Field(0, ge=0, le=65535, description="TCP port; 0 picks a free one.")
     capacity: int = Field(4096, ge=1, description="Most trajectories buffered before pushes wait.")
     max_message_bytes: int = Field(64 << 20, ge=1 << 16, description="gRPC message size limit.")
+    dedup_window: int = Field(
+        1_000_000, ge=1, description="Latest stored trajectory ids remembered to drop resends "
+        "(exactly-once); bounds the ingest's memory on long runs. Must exceed what is in flight.",
+    )
     auth_token_env: str = Field(
         "HORIZONRL_INGEST_TOKEN", description="Environment variable holding the token clients "
         "must send; required when host is not loopback. Never put the token in a config file.",

@@ -38,6 +38,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from learner.ingest_guard import Health, TokenCheck, is_loopback, is_wildcard
+from learner.recent_ids import RecentIds
 from protos import health_pb2_grpc, trajectory_pb2
 from protos.codec import ChunkAssembler, ChunkError, decode, from_proto
 from protos.trajectory import Trajectory
@@ -84,6 +85,7 @@ class TrajectoryIngest:
         tls_cert_path: str | None = None,
         tls_key_path: str | None = None,
         max_staleness: int | None = None,
+        dedup_window: int = 1_000_000,
     ) -> None:
         """Configure the server; nothing listens until `start()`.
 
@@ -95,6 +97,7 @@ class TrajectoryIngest:
         `tls_cert_path`/`tls_key_path` (PEM): serve TLS instead of plaintext.
         `max_staleness`: with `set_policy_version`, trajectories more than this many versions
         behind are acked STALE and dropped (counted in `dropped_stale`); None keeps all.
+        `dedup_window`: how many of the latest stored ids are remembered for exactly-once.
         """
         if auth_token is None and not is_loopback(host):
             raise ValueError(f"the trajectory ingest binds {host!r}, which is not loopback: "
@@ -119,7 +122,7 @@ class TrajectoryIngest:
         self._buffer: deque[tuple[Trajectory, int]] = deque()  # (trajectory, encoded bytes)
         self._buffered_bytes = 0
         self._reserved = 0  # credits held by streams: buffer + reserved <= capacity
-        self._seen: set[str] = set()
+        self._seen = RecentIds(dedup_window)
         self._stats = dict.fromkeys(
             ("received", "duplicates", "rejected", "dropped_stale", "bytes", "chunks",
              "partial_discarded", "credit_waits", "queue_depth_peak"), 0)
@@ -132,7 +135,8 @@ class TrajectoryIngest:
         return cls(host=cfg.host, port=cfg.port, capacity=cfg.capacity,
                    max_message_bytes=cfg.max_message_bytes,
                    max_trajectory_bytes=cfg.max_trajectory_bytes, auth_token=auth_token,
-                   tls_cert_path=cfg.tls_cert_path, tls_key_path=cfg.tls_key_path)
+                   tls_cert_path=cfg.tls_cert_path, tls_key_path=cfg.tls_key_path,
+                   dedup_window=cfg.dedup_window)
 
     # ---- server lifecycle -------------------------------------------------------------------
 

@@ -96,6 +96,18 @@ def test_batch_arrives_exactly_once(ingest: TrajectoryIngest, sender: Trajectory
     assert stats["bytes"] > 0
 
 
+def test_dedup_window_remembers_the_latest_ids() -> None:
+    """A bounded window (learner.ingest.dedup_window): recent resends are duplicates; an id
+    older than the window is forgotten and would be stored again."""
+    batch = [make_trajectory(i) for i in range(10)]
+    with (TrajectoryIngest(port=0, capacity=100, dedup_window=4) as ingest,
+          TrajectorySender(ingest.address, deadline_s=10.0) as sender):
+        assert sender.send(batch).received == 10
+        recent = sender.send(batch[-4:])
+        assert (recent.received, recent.duplicates) == (0, 4)
+        assert sender.send(batch[:1]).received == 1  # forgotten: outside the window
+
+
 def test_concurrent_senders_of_the_same_ids_store_each_once(ingest: TrajectoryIngest) -> None:
     batch = [make_trajectory(i) for i in range(50)]
     results: list[PushResult] = []
