@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 
 from actors.chat import ChatFormat, load_tokenizer
 from actors.config import GeneratorConfig
@@ -160,7 +161,8 @@ class GeneratorActor:
                 trim_heap()
         return {"trajectory_ids": sent, "policy_version": version, "horizon": horizon,
                 "seconds": timing, "env_restarts": self.env_restarts(),
-                "env_stats": self.env_stats(), **counts}
+                "env_stats": self.env_stats(), "rss_bytes": psutil.Process().memory_info().rss,
+                **counts}
 
     def _pool_call(self, method: str, envs: list[str], slots: list, idx: Sequence[int],
                    args: Sequence[Any]) -> list[Any]:

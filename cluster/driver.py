@@ -214,6 +214,7 @@ class Trainer:
              "ledger": self.ledger.flush(),
              "ingest_duplicates": self.ingest.stats()["duplicates"],
              "generator_restarts": self.generator_restarts,
+             "generator_rss_max_bytes": max((o.get("rss_bytes", 0) for o in outs), default=0),
              "env_restarts": sum(o["env_restarts"] for o in outs),
              "queue_depth": self.ingest.stats()["queue_depth"], "staleness_max": staleness,
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),

@@ -39,6 +39,8 @@ GAUGES = {
     "learner_entropy": ("Policy entropy on model tokens", "learner/entropy"),
     "learner_grad_norm": ("Global gradient norm", "learner/grad_norm"),
     "learner_clip_fraction": ("Share of tokens with a clipped ratio", "learner/clip_frac"),
+    "generator_rss_max_bytes": ("Resident memory of the largest generator process",
+                                "generator_rss_max_bytes"),
     "weight_sync_seconds": ("Seconds to push weights to every generator",
                             "seconds/weight_sync"),
 }
