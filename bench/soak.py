@@ -78,7 +78,8 @@ def slope(ts: list[float], ys: list[float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--every", type=float, default=60.0, help="seconds between samples")
+    ap.add_argument("--every", type=float, default=20.0,
+                    help="seconds between samples (the JVMs' saw-tooth needs several per cycle)")
     ap.add_argument("--warmup", type=float, default=3.0, help="minutes left out of the slopes")
     ap.add_argument("--recycle", type=int, default=10, help="SciWorld episodes per replica")
     ap.add_argument("--out", default=None, help="folder for soak.json/md/png")
