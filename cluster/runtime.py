@@ -16,10 +16,6 @@ LOCAL_RAY_ENV = {
     "RAY_AUTH_MODE": "disabled",
     "GLOO_SOCKET_IFNAME": "lo",
     "TOKENIZERS_PARALLELISM": "false",
-    # Ray's GCS keeps the events of the last N tasks (100,000 by default; a few KB each): on a
-    # long run its memory rose ~2.5 MB/min until that cap. 10,000 tasks still cover the last
-    # minutes of rollouts for `ray list tasks`.
-    "RAY_task_events_max_num_task_in_gcs": "10000",
 }
 
 
