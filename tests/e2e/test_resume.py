@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]  # the driver SIGKILL case
 ROOT = Path(__file__).resolve().parents[2]
 
 
