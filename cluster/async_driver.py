@@ -40,7 +40,6 @@ class AsyncTrainer(Trainer):
         self.gen_versions = [self.policy_version] * len(self.generators)
         self.buffer: list[Trajectory] = []
         self.rollouts = 0  # rollout calls issued: seeds the task draw of each
-        self.dropped_stale = 0
         self._weights: tuple[int, Any] | None = None  # (version, ObjectRef of the state dict)
         self._reload_seconds: list[Any] = []
 
@@ -83,7 +82,7 @@ class AsyncTrainer(Trainer):
                 print(f"[horizonrl] generator gen{i} died; restarting it", flush=True)
                 self.restart_generator(i)
                 self.ledger.add_generator_error(self.cfg.generator.tasks_per_step
-                                                * self.cfg.generator.group_size)
+                                                * self.cfg.generator.group_size, self.step_count)
                 self.gen_versions[i] = self.policy_version
                 self._submit(i)
                 continue
@@ -94,13 +93,12 @@ class AsyncTrainer(Trainer):
             orphans += lost
             self._submit(i)
         order = list(dict.fromkeys(t.group_id for t in self.buffer))[:want]
-        taken = [t for t in self.buffer if t.group_id in set(order)]
-        self.buffer = [t for t in self.buffer if t.group_id not in set(order)]
+        keep = set(order)
+        taken = [t for t in self.buffer if t.group_id in keep]
+        self.buffer = [t for t in self.buffer if t.group_id not in keep]
         fresh, stale = split_stale(taken, self.policy_version, self.cfg.max_staleness)
-        self.dropped_stale += len(stale)
         lag = [self.policy_version - t.policy_version for t in taken]
         extra = {"async": {"dropped_stale": float(len(stale)),
-                           "dropped_stale_total": float(self.dropped_stale),
                            "buffered": float(len(self.buffer)),
                            "lag_mean": sum(lag) / max(len(lag), 1)}}
         return Gathered(outs=outs, generated=ids, trajs=fresh, orphans=orphans,

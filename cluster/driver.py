@@ -149,7 +149,7 @@ class Trainer:
                 print(f"[horizonrl] generator gen{i} died in step {step}; restarting it and "
                       f"re-running its {len(share)} tasks", flush=True)
                 self.restart_generator(i)
-                self.ledger.add_generator_error(len(share) * group)
+                self.ledger.add_generator_error(len(share) * group, step)
                 outs.append(ray.get(self.generators[i].rollout.remote(
                     share, step=step, group_size=group)))
         return outs
@@ -214,14 +214,15 @@ class Trainer:
              "ledger": self.ledger.flush(),
              "ingest_duplicates": self.ingest.stats()["duplicates"],
              "generator_restarts": self.generator_restarts,
-             "generator_rss_max_bytes": max((o.get("rss_bytes", 0) for o in outs), default=0),
+             "generator_rss_max_bytes": max((o["rss_bytes"] for o in outs), default=0),
              "env_restarts": sum(o["env_restarts"] for o in outs),
              "queue_depth": self.ingest.stats()["queue_depth"], "staleness_max": staleness,
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),
              "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
              "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"],
-             "weight_sync": {k: v for k, v in sync.items() if k != "weight_reload_seconds"}}
+             "weight_sync": {k: v for k, v in sync.items()  # the seconds are in seconds/
+                             if k not in ("weight_sync_seconds", "weight_reload_seconds")}}
         m["env"] = env_metrics(self.cfg, trajs, outs)
         every = self.cfg.eval.every
         if every and (self.step_count % every == 0 or self.step_count == self.cfg.iterations):
@@ -264,7 +265,6 @@ class Trainer:
             dead = self.learner.dead_ranks()
             if not dead:
                 raise
-            self.ledger.close()
             raise LearnerLost(
                 f"learner rank(s) {dead} died during the update of step {self.step_count} "
                 f"({type(exc).__name__}); the run stops here. Continue it with `horizonrl "

@@ -36,7 +36,9 @@ class Ledger:
         self.generated: set[str] = set()
         self.fate: dict[str, str] = {}  # id -> "trained" | "dropped:<reason>"
         self.conflicts: list[str] = []  # an id given two fates, or a fate without generation
-        self.generator_error = 0
+        # Episodes lost with their generator before they were pushed (no id), per step: a
+        # resume drops the counts of the steps it re-runs, as it drops their lines.
+        self.generator_error_by_step: dict[int, int] = {}
         self._log = (run_dir / "ledger.jsonl").open("a") if run_dir is not None else None
         self._path = run_dir / "ledger.json" if run_dir is not None else None
 
@@ -60,9 +62,9 @@ class Ledger:
             led.generated.add(x["id"])
             led.fate[x["id"]] = x["fate"]
         summary = run_dir / "ledger.json"
-        if summary.exists() and lines:
-            led.generator_error = json.loads(summary.read_text()).get(
-                "generator_error_episodes", 0)
+        if summary.exists():
+            by_step = json.loads(summary.read_text()).get("generator_error_by_step", {})
+            led.generator_error_by_step = {int(k): n for k, n in by_step.items() if int(k) < step}
         return led
 
     def add_generated(self, ids: Iterable[str]) -> None:
@@ -79,9 +81,13 @@ class Ledger:
             raise ValueError(f"unknown drop reason {reason!r}; known: {', '.join(REASONS)}")
         self._settle(ids, f"dropped:{reason}", step)
 
-    def add_generator_error(self, episodes: int) -> None:
+    def add_generator_error(self, episodes: int, step: int) -> None:
         """Episodes that died with their generator before they were pushed (no id)."""
-        self.generator_error += int(episodes)
+        self.generator_error_by_step[step] = self.generator_error_by_step.get(step, 0) + episodes
+
+    @property
+    def generator_error(self) -> int:
+        return sum(self.generator_error_by_step.values())
 
     def _settle(self, ids: Iterable[str], fate: str, step: int) -> None:
         for i in ids:
@@ -97,7 +103,7 @@ class Ledger:
     def summary(self) -> dict[str, Any]:
         fates = Counter(self.fate.values())
         dropped = {r: fates.get(f"dropped:{r}", 0) for r in REASONS}
-        unaccounted = sorted(self.generated - set(self.fate))
+        unaccounted = self.generated - self.fate.keys()
         return {"generated": len(self.generated), "trained": fates.get("trained", 0),
                 "dropped": {r: n for r, n in dropped.items() if n},
                 "dropped_total": sum(dropped.values()), "unaccounted": len(unaccounted),
@@ -110,8 +116,9 @@ class Ledger:
         s = self.summary()
         if self._log is not None and not self._log.closed:
             self._log.flush()
-            self._path.write_text(json.dumps({**s, "conflict_examples": self.conflicts[:20]},
-                                             indent=2))
+            self._path.write_text(json.dumps(
+                {**s, "generator_error_by_step": self.generator_error_by_step,
+                 "conflict_examples": self.conflicts[:20]}, indent=2))
         return s
 
     def close(self) -> dict[str, Any]:

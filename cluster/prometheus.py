@@ -113,18 +113,18 @@ class PrometheusExporter:
         for key, total in m.items():  # the ledger's running totals, per drop reason
             if key.startswith("ledger/dropped/") and isinstance(total, (int, float)):
                 reason = key.rsplit("/", 1)[1]
-                last = self._last.get(key, 0.0)
-                c["trajectories_dropped"].labels(**self.labels, reason=reason).inc(
-                    max(0.0, float(total) - last))
-                self._last[key] = float(total)
+                self._add_total(c["trajectories_dropped"].labels(**self.labels, reason=reason),
+                                key, total)
         c["env_errors"].labels(**self.labels).inc(m.get("failed_episodes", 0))
         for key, name in (("ingest_duplicates", "trajectories_duplicate"),
                           ("env_restarts", "env_restarts"),
                           ("generator_restarts", "generator_restarts")):
-            # These arrive as running totals; counters take the increments.
-            total = float(m.get(key, 0))
-            c[name].labels(**self.labels).inc(max(0.0, total - self._last.get(key, 0.0)))
-            self._last[key] = total
+            self._add_total(c[name].labels(**self.labels), key, m.get(key, 0))
+
+    def _add_total(self, counter: Any, key: str, total: float) -> None:
+        """`total` arrives as a running total; a counter takes the increment since the last."""
+        counter.inc(max(0.0, float(total) - self._last.get(key, 0.0)))
+        self._last[key] = float(total)
 
     def close(self) -> None:
         self.server.shutdown()

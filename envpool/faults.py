@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The drill's prompt and parser are BabyAI's (re-exported for the registry).
+from envpool.babyai import SYSTEM_PROMPT, format_action, parse_action, random_action  # noqa: F401
 from envpool.base import StepResult, TextEnv
-from envpool.registry import env_spec, make_env
+from envpool.registry import make_env
 
 _STEPS = {"count": 0}  # per process: faults are about the process, not one replica
 
@@ -66,13 +68,3 @@ class FaultyEnv:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def _inner_spec_attr(name: str) -> Any:
-    return getattr(env_spec("babyai"), name)
-
-
-SYSTEM_PROMPT = _inner_spec_attr("system_prompt")
-parse_action = _inner_spec_attr("parse_action")
-format_action = _inner_spec_attr("format_action")
-random_action = _inner_spec_attr("random_action")

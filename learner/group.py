@@ -104,16 +104,9 @@ class LearnerGroup:
                 reason = "generator_lost" if t.failure.value == "generator_error" else \
                     t.failure.value
                 out.setdefault(reason, []).append(i)
-        if self.cfg.algorithm == "rejection_sampling":
-            from learner.auxiliary import rejection_sampling_indices
-
-            keep = set(rejection_sampling_indices(trajs))
-            chosen = [i for i in range(len(trajs)) if valid[i] and i in keep]
-            skipped = len(chosen) < self.cfg.world_size
-        else:
-            chosen = self.select(trajs)
-            keep = set(chosen)
-            skipped = len(chosen) < self.cfg.world_size * self.cfg.minibatches
+        chosen, need = self._chosen(trajs)
+        keep = set(chosen)
+        skipped = len(chosen) < need
         rest = [i for i in range(len(trajs)) if valid[i] and i not in keep]
         if rest:
             out["not_selected" if self.cfg.algorithm == "rejection_sampling"
@@ -122,6 +115,14 @@ class LearnerGroup:
             out["update_skipped" if skipped else "trained"] = chosen
         return out
 
+    def _chosen(self, trajs: Sequence[Trajectory]) -> tuple[list[int], int]:
+        """The episodes `train` learns from (indices) and the fewest rows an update needs."""
+        if self.cfg.algorithm == "rejection_sampling":
+            from learner.auxiliary import rejection_sampling_indices
+
+            return rejection_sampling_indices(trajs), self.cfg.world_size
+        return self.select(trajs), self.cfg.world_size * self.cfg.minibatches
+
     def train(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """One policy update on whole groups; an update with too few rows is skipped."""
         import ray
@@ -129,8 +130,7 @@ class LearnerGroup:
         if self.cfg.algorithm == "rejection_sampling":
             return self._rejection_sampling(trajs)
         adv = self.advantages(trajs)
-        idx = self.select(trajs)
-        need = self.cfg.world_size * self.cfg.minibatches
+        idx, need = self._chosen(trajs)
         stats = {"groups_kept": float(len({trajs[i].group_id for i in idx})),
                  "rows_trained": float(len(idx)), "skipped_update": 0.0}
         if len(idx) < need:
@@ -159,7 +159,7 @@ class LearnerGroup:
 
         examples = rejection_sampling_examples(trajs)
         stats = {"rows_trained": float(len(examples)), "skipped_update": 0.0}
-        if len(examples) < self.cfg.world_size:
+        if len(examples) < self._chosen(trajs)[1]:
             return {**stats, "skipped_update": 1.0}
         sft = self.train_sft(examples)
         return {**stats, **sft, "loss": sft["sft_loss"]}
@@ -172,9 +172,7 @@ class LearnerGroup:
         batch = pad_batch(trajs, np.zeros(len(trajs)), pad_id=self.pad_id)
         shards = split_rows(batch, self.cfg.world_size)
         parts = ray.get([w.importance_weights.remote(s) for w, s in zip(self.workers, shards)])
-        width = batch["input_ids"].shape[1]
-        out = {k: np.concatenate([np.pad(p[k], ((0, 0), (0, width - p[k].shape[1])))
-                                  for p in parts]) for k in parts[0]}
+        out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}  # shards keep the width
         return {"loss_mask": batch["loss_mask"], "old_logprobs": batch["old_logprobs"], **out}
 
     def train_sft(self, examples: Sequence[Any]) -> dict[str, float]:

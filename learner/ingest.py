@@ -11,9 +11,9 @@ Guarantees:
   granted but unused), so the buffer never exceeds `capacity`; a stream that finds no space waits
   (up to `credit_timeout_s`, counted in `credit_waits`) and then ends with UNAVAILABLE. A stream
   reassembles at most one chunked trajectory, of at most `max_trajectory_bytes`.
-- exactly-once: every `trajectory_id` is stored at most once for the lifetime of this object, so
-  a sender may resend whatever was not acknowledged after a broken stream. Ids are remembered
-  forever (a set of short strings: a whole run is ~10^5 episodes, a few MB).
+- exactly-once: a `trajectory_id` is stored at most once among the latest `dedup_window` stored
+  ids (learner/recent_ids.py), so a sender may resend whatever was not acknowledged after a
+  broken stream; memory stays bounded on long runs.
 - a malformed trajectory (length mismatch, unknown failure code, bad info JSON) is acked
   REJECTED and skipped; protocol errors end only their own stream, with a status code.
 - `stop()` then `start()` serves again on the same port with the same buffer and seen ids, so

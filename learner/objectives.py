@@ -80,8 +80,7 @@ def whiten(x: Tensor, mask: Tensor, *, sums: Tensor | None = None, eps: float = 
 
 
 def importance_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor,
-                       cap: float) -> tuple[Tensor, Tensor]:
-    """Truncated importance weights min(exp(prox - behaviour), cap) on model tokens (0 elsewhere)
-    and the raw weights exp(prox - behaviour) (for checks and metrics)."""
-    raw = torch.exp(prox_logprobs - behaviour_logprobs) * mask
-    return torch.clamp(raw, max=cap), raw
+                       cap: float) -> Tensor:
+    """Truncated importance weights min(exp(prox - behaviour), cap) on model tokens (0
+    elsewhere)."""
+    return torch.clamp(torch.exp(prox_logprobs - behaviour_logprobs) * mask, max=cap)

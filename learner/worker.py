@@ -240,18 +240,20 @@ class LearnerWorker:
         """The learner's pre-update logprobs and the truncated importance weights."""
         self.engine.eval()
         prox = []
-        for micro in micro_batches(shard, micro_batch_count(shard, self.cfg.micro_batch_tokens)):
-            if micro:
-                ids = self._tensors({"input_ids": micro["input_ids"]})["input_ids"]
-                lp = alg.token_logprobs(self.engine(input_ids=ids).logits, ids).cpu().numpy()
-                prox.append(np.pad(lp, ((0, 0), (0, shard["input_ids"].shape[1] - lp.shape[1]))))
+        for micro in micro_batches(shard, self._micro_count(shard)):
+            if not micro:  # fewer rows than passes here: a throwaway pass keeps ZeRO-3 in step
+                self.engine(input_ids=self._tensors({"input_ids": shard["input_ids"][:1]})[
+                    "input_ids"])
+                continue
+            ids = self._tensors({"input_ids": micro["input_ids"]})["input_ids"]
+            lp = alg.token_logprobs(self.engine(input_ids=ids).logits, ids).cpu().numpy()
+            prox.append(np.pad(lp, ((0, 0), (0, shard["input_ids"].shape[1] - lp.shape[1]))))
         self.engine.train()
         out = dict(shard)
         out["prox_logprobs"] = (np.concatenate(prox) * shard["loss_mask"]).astype(np.float32)
-        w, _ = importance_weights(torch.from_numpy(out["prox_logprobs"]),
-                                  torch.from_numpy(shard["old_logprobs"]),
-                                  torch.from_numpy(shard["loss_mask"]), self.cfg.is_cap)
-        out["is_weights"] = w.numpy().astype(np.float32)
+        out["is_weights"] = importance_weights(
+            torch.from_numpy(out["prox_logprobs"]), torch.from_numpy(shard["old_logprobs"]),
+            torch.from_numpy(shard["loss_mask"]), self.cfg.is_cap).numpy()
         return out
 
     def importance_weights(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -302,17 +304,8 @@ class LearnerWorker:
         Keeps `lm_head.weight` even when tied to the embeddings: vLLM leaves a tied head stale
         if it is missing from the reload.
         """
-        import deepspeed
-
-        module = self.engine.module
-        params = list(module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.cfg.zero_stage == 3):
-            if self.rank != 0:
-                return None
-            sd = {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
-        if "lm_head.weight" not in sd and "model.embed_tokens.weight" in sd:
-            sd["lm_head.weight"] = sd["model.embed_tokens.weight"].copy()
-        return sd
+        with self._full_state() as sd:
+            return None if sd is None else {k: v.cpu().numpy().copy() for k, v in sd.items()}
 
     def save_checkpoint(self, path: str) -> None:
         """Model, optimizer and scheduler (ZeRO-partitioned, every rank writes its part) and this

@@ -15,7 +15,7 @@ def test_reconciles_when_every_id_has_one_fate(tmp_path):
     led.add_trained(["a", "b"], step=0)
     led.add_dropped(["c"], "zero_variance", step=0)
     led.add_dropped(["d"], "env_error", step=0)
-    led.add_generator_error(3)
+    led.add_generator_error(3, step=0)
     s = led.close()
     assert s == {"generated": 4, "trained": 2, "dropped": {"env_error": 1, "zero_variance": 1},
                  "dropped_total": 2, "unaccounted": 0, "generator_error_episodes": 3,
@@ -56,3 +56,11 @@ def test_resume_keeps_the_steps_before_the_checkpoint(tmp_path):
     again.add_generated(["new"])
     again.add_trained(["new"], step=2)
     assert again.close()["generated"] == 5
+
+
+def test_resume_drops_generator_errors_of_the_re_run_steps(tmp_path):
+    led = Ledger(tmp_path)
+    led.add_generator_error(4, step=0)
+    led.add_generator_error(8, step=2)  # step 2 is re-run after the resume: not counted twice
+    led.close()
+    assert Ledger.resume(tmp_path, step=2).summary()["generator_error_episodes"] == 4
