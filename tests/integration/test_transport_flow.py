@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from test_transport import wait_until  # the same dir's helpers
 
 from actors.transport import TrajectorySender
 from learner.ingest import TrajectoryIngest
@@ -35,13 +35,6 @@ def episode(i: int, *, response_tokens: int = 4000, policy_version: int = 0) -> 
         response_logprobs=tuple(-0.5 if m else 0.0 for m in mask),
         rewards=(0.0, 0.0, 0.0, 1.0), reward=1.0, num_turns=4, terminated=True,
         truncated=False, turn_seconds=(0.5, 0.25, 0.125, 1.0), info={"i": i})
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def test_slow_learner_makes_senders_wait_on_credits_with_the_buffer_bounded() -> None:
@@ -108,7 +101,7 @@ def test_partial_chunk_set_of_a_broken_stream_is_discarded_and_resent_whole() ->
     chunks = to_chunks(t.trajectory_id, encode(t), 4096)
     assert len(chunks) > 4
     with TrajectoryIngest(port=0) as ingest:
-        opened = threading.Event()
+        opened, done = threading.Event(), threading.Event()
 
         def requests():  # a credit, then half the chunks, then the stream hangs until cancelled
             yield trajectory_pb2.PushRequest(
@@ -116,7 +109,7 @@ def test_partial_chunk_set_of_a_broken_stream_is_discarded_and_resent_whole() ->
             for c in chunks[: len(chunks) // 2]:
                 yield trajectory_pb2.PushRequest(chunk=c)
             opened.set()
-            time.sleep(30)
+            done.wait(30)
 
         with grpc.insecure_channel(ingest.address) as channel:
             call = trajectory_pb2_grpc.TrajectoryServiceStub(channel).Push(requests(), timeout=20)
@@ -124,6 +117,7 @@ def test_partial_chunk_set_of_a_broken_stream_is_discarded_and_resent_whole() ->
             assert opened.wait(10)
             wait_until(lambda: ingest.stats()["chunks"] == len(chunks) // 2)
             call.cancel()
+            done.set()  # ends gRPC's request thread now, not 30 s into later tests
         wait_until(lambda: ingest.stats()["partial_discarded"] == 1)
         assert ingest.stats()["reserved"] == 0 and ingest.stats()["queue_depth"] == 0
 
