@@ -81,15 +81,17 @@ class AgentLoop:
         self.prompt_ids = self.chat.prompt_ids(self.system_prompt, observation)
         self._check_context()
 
-    def add_model_turn(self, completion: Completion) -> str:
-        """Append the sampled ids (mask 1) and return the parsed action."""
+    def add_model_turn(self, completion: Completion, *, trainable: bool = True) -> str:
+        """Append the sampled ids (mask 1; 0 with `trainable=False`, for a turn that must stay
+        in the context but not be learned, e.g. an injected random action in a demonstration)
+        and return the parsed action."""
         if self.done:
             raise RuntimeError("add_model_turn on a finished episode")
         self._turn_start = time.perf_counter()
         ids, lps = list(completion.token_ids), list(completion.logprobs)
         if len(ids) != len(lps):
             raise ValueError(f"completion has {len(ids)} ids but {len(lps)} logprobs")
-        self._append(ids, 1, lps)
+        self._append(ids, int(trainable), lps)
         end = self.chat.im_end_id
         text_ids = ids[:-1] if ids and ids[-1] == end else ids
         if not ids or ids[-1] != end:

@@ -2,6 +2,9 @@
 (ScalingInter-RL) and adaptive horizon schedules, 3 seeds each, same sample budget.
 
     .venv/bin/python bench/horizon_experiment.py [--iterations 60] [--seeds 0 1 2]
+    # on a long task, from a behaviour-cloned model, each run scored at one fixed horizon:
+    .venv/bin/python bench/horizon_experiment.py --config configs/babyai-maze-bc-rl.yaml \
+        --model runs/<run>/init/model --horizons 5 10 20 --eval-turns 20 --eval-tasks 100
 
 Writes runs/horizon-experiment__<time>/: every run's metrics, results.md (a table) and
 horizon_experiment.png (success and turns against step, mean over seeds, like the paper's
@@ -20,26 +23,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SHORT, LONG = 2, 8
-SCHEDULES = {
-    "fixed-short": ["curriculum.schedule=fixed", f"curriculum.horizons=[{SHORT}]"],
-    "fixed-long": ["curriculum.schedule=fixed", f"curriculum.horizons=[{LONG}]"],
-    "stepwise": ["curriculum.schedule=stepwise", f"curriculum.horizons=[{SHORT}, 4, {LONG}]"],
-    "adaptive": ["curriculum.schedule=adaptive", f"curriculum.horizons=[{SHORT}, {LONG}]",
-                 "curriculum.window=6", "curriculum.truncation_threshold=0.25"],
-}
+def schedules(short: int, mid: int, long: int) -> dict[str, list[str]]:
+    """The four schedules of the comparison, as config overrides."""
+    step = max(1, (long - short) // 3)
+    return {
+        "fixed-short": ["curriculum.schedule=fixed", f"curriculum.horizons=[{short}]"],
+        "fixed-long": ["curriculum.schedule=fixed", f"curriculum.horizons=[{long}]"],
+        "stepwise": ["curriculum.schedule=stepwise",
+                     f"curriculum.horizons=[{short}, {mid}, {long}]"],
+        "adaptive": ["curriculum.schedule=adaptive", f"curriculum.horizons=[{short}, {long}]",
+                     f"curriculum.horizon_step={step}",
+                     "curriculum.window=6", "curriculum.truncation_threshold=0.25"],
+    }
 
 
-def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Path) -> list[dict]:
+def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Path,
+            args: argparse.Namespace) -> list[dict]:
     from cluster.config import load_config
     from cluster.driver import Trainer
     from cluster.iteration import make_run_dir
 
     stage = max(1, iterations // 3)
     extra = [f"curriculum.steps_per_stage={stage}"] if name == "stepwise" else []
-    cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+    if args.model:  # RL from this checkpoint (e.g. a warm start's clone), no warm start here
+        extra += [f"model.path={args.model}", "init.sft_epochs=0"]
+    if args.eval_turns:
+        extra += [f"eval.tasks={args.eval_tasks}", f"eval.max_turns=[{args.eval_turns}]"]
+    cfg = load_config(ROOT / args.config, [
         f"name={name}", f"seed={seed}", f"iterations={iterations}", f"run_root={out}",
-        "checkpoint_every=0", *overrides, *extra])
+        "checkpoint_every=0", "metrics.port=0", *overrides, *extra])
     with Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         rows = []
         for _ in range(iterations):
@@ -48,13 +60,20 @@ def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Pa
                                            "truncated_at_horizon_rate")})
             print(f"[{name} seed {seed}] step {m['step'] + 1}/{iterations} H {m['horizon']} "
                   f"success {m['success_rate']:.3f} turns {m['turns_mean']:.2f}", flush=True)
+        if args.eval_turns:  # the final policy on the eval split at one fixed horizon
+            ev = trainer.evaluate()
+            rows[-1]["eval_accuracy"] = ev[f"eval/{cfg.env.key}/h{args.eval_turns}/accuracy"]
+            print(f"[{name} seed {seed}] eval at {args.eval_turns} turns: "
+                  f"{rows[-1]['eval_accuracy']:.3f}", flush=True)
     return rows
 
 
 def summarise(results: dict[str, dict[int, list[dict]]], out: Path, iterations: int) -> str:
     tail = max(1, iterations // 5)
+    evals = all("eval_accuracy" in rows[-1] for by in results.values() for rows in by.values())
     lines = ["| schedule | success, first fifth | success, last fifth | turns, last fifth | "
-             "final horizon |", "|---|---|---|---|---|"]
+             "final horizon |" + (" eval accuracy |" if evals else ""),
+             "|---|---|---|---|---|" + ("---|" if evals else "")]
     for name, by_seed in results.items():
         first = [statistics.fmean(r["success_rate"] for r in rows[:tail])
                  for rows in by_seed.values()]
@@ -63,12 +82,15 @@ def summarise(results: dict[str, dict[int, list[dict]]], out: Path, iterations: 
         turns = [statistics.fmean(r["turns_mean"] for r in rows[-tail:])
                  for rows in by_seed.values()]
         final_h = sorted({rows[-1]["horizon"] for rows in by_seed.values()})
+        ev = f" {_ms([rows[-1]['eval_accuracy'] for rows in by_seed.values()])} |" \
+            if evals else ""
         lines.append(f"| {name} | {_ms(first)} | {_ms(last)} | {_ms(turns)} | "
-                     f"{', '.join(map(str, final_h))} |")
+                     f"{', '.join(map(str, final_h))} |{ev}")
     table = "\n".join(lines)
     (out / "results.md").write_text(
         f"# Horizon experiment ({len(next(iter(results.values())))} seeds, {iterations} "
-        f"iterations, BabyAI GoToRedBall)\n\nMean ± std over seeds; fifths of the run.\n\n"
+        f"iterations)\n\n`{' '.join(sys.argv)}`\n\nMean ± std over seeds; fifths of the "
+        f"run.\n\n"
         f"{table}\n")
     return table
 
@@ -105,16 +127,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--iterations", type=int, default=60)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
+    p.add_argument("--schedules", nargs="+", default=["fixed-short", "fixed-long", "stepwise",
+                                                      "adaptive"])
+    p.add_argument("--config", default="configs/babyai-local.yaml", help="base run config")
+    p.add_argument("--model", help="start every run from this checkpoint (model.path)")
+    p.add_argument("--horizons", type=int, nargs=3, default=[2, 4, 8], metavar=("SHORT", "MID",
+                   "LONG"), help="fixed-short, the stepwise middle stage, fixed-long")
+    p.add_argument("--eval-turns", type=int, help="score each final policy on the eval split "
+                   "at this one horizon")
+    p.add_argument("--eval-tasks", type=int, default=64, help="eval tasks for --eval-turns")
     p.add_argument("--out", default="runs")
     args = p.parse_args()
+    table = schedules(*args.horizons)
     out = Path(args.out) / f"horizon-experiment__{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
     results: dict[str, dict[int, list[dict]]] = {}
     with ray_session(RayConfig()):
         for name in args.schedules:
             for seed in args.seeds:
-                rows = run_one(name, SCHEDULES[name], seed, args.iterations, out)
+                rows = run_one(name, table[name], seed, args.iterations, out, args)
                 results.setdefault(name, {})[seed] = rows
                 (out / "results.json").write_text(json.dumps(results, indent=1))
     print(summarise(results, out, args.iterations))

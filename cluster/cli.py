@@ -1,5 +1,5 @@
-"""`horizonrl` command line: train, eval, status, export-hf, sft | rs | dpo, make-tiny-model,
-env-server."""
+"""`horizonrl` command line: train, eval, demos, status, export-hf, sft | rs | dpo,
+make-tiny-model, env-server."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("--batch-size", type=int, default=8, help="examples (pairs) per step")
         a.add_argument("--max-examples", type=int, help="use only the first N examples (pairs)")
         a.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
+    d = sub.add_parser("demos", help="expert demonstrations through the agent loop's token "
+                       "path, as trajectory JSONL (for sft, dpo and the warm start)")
+    d.add_argument("--config", help="run config (env, model for the tokenizer, seed)")
+    d.add_argument("--episodes", type=int, required=True, help="expert episodes to play")
+    d.add_argument("--out", required=True, help="output folder (demos.jsonl, summary.json)")
+    d.add_argument("--split", default="train", choices=["train", "eval"], help="task seeds: "
+                   "distinct train-split seeds drawn from the run seed, or the eval split's first")
+    d.add_argument("--noise", type=float, default=0.0, help="probability of a random valid "
+                   "action in a turn (not learned: response_mask 0); the expert recovers")
+    d.add_argument("--thought", default="short", choices=["short", "none"], help="reply "
+                   "format: 'Thought: ... Action: ...' or the action line alone")
+    d.add_argument("--max-turns", type=int, default=30, help="turn cap per episode")
+    d.add_argument("--model", help="take the tokenizer from this save_pretrained folder "
+                   "(default: the config's model)")
+    d.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
     v = sub.add_parser("eval", help="accuracy per env, against max turns, and pass@K, with "
                        "plots (eval split, deterministic seeds)")
     who = v.add_mutually_exclusive_group(required=True)
@@ -53,8 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                      "(e.g. base RUN_DIR)")
     v.add_argument("--config", help="run config (model, envs, generator, seed settings)")
     v.add_argument("--envs", help="comma-separated env names (default: the config's envs)")
-    v.add_argument("--split", default="eval", choices=["eval"], help="task split (the fixed "
-                   "eval split: seeds from 1,000,000)")
+    v.add_argument("--split", default="eval", choices=["eval", "train-new"], help="task "
+                   "split: eval (held-out tasks, seeds from 1,000,000) or train-new (training "
+                   "tasks in instances training never draws, seeds from 2,000,000)")
     v.add_argument("--max-turns", default="5", help="comma-separated turn budgets, e.g. 2,4,8")
     v.add_argument("--k", default="1", help="comma-separated K for pass@K; max(K) samples are "
                    "drawn per task")
@@ -105,6 +121,23 @@ def env_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def demos(args: argparse.Namespace, cfg: Any) -> int:
+    from cluster.demos import collect_demos
+    from cluster.models import ensure_model
+    from cluster.runtime import ray_session
+
+    if args.episodes < 1 or args.max_turns < 1 or not 0 <= args.noise < 1:
+        print("horizonrl: demos: --episodes and --max-turns must be positive and --noise in "
+              "[0, 1)", file=sys.stderr)
+        return 2
+    model = args.model or str(ensure_model(cfg.model, env=cfg.env))
+    with ray_session(cfg.ray):
+        collect_demos(cfg, model_path=model, episodes=args.episodes, out=args.out,
+                      split=args.split, noise=args.noise, thought=args.thought,
+                      max_turns=args.max_turns)
+    return 0
+
+
 def run_eval(args: argparse.Namespace, cfg: Any) -> int:
     from cluster.evaluate import evaluate, resolve_model
     from envpool.config import EnvConfig
@@ -128,7 +161,7 @@ def run_eval(args: argparse.Namespace, cfg: Any) -> int:
     envs = [(known[n] if n in known else EnvConfig(name=n, kwargs={})).model_copy(
         update={"replicas_per_actor": replicas}) for n in names]
     evaluate(cfg, models, envs=envs, tasks=args.tasks, samples=max(ks), max_turns=turns,
-             out=args.out)
+             out=args.out, split=args.split)
     print(f"[horizonrl] eval report in {args.out} (results.md, results.json, *.png)")
     return 0
 
@@ -196,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "eval":
         return run_eval(args, cfg)
+    if args.command == "demos":
+        return demos(args, cfg)
     if args.command in ("sft", "rs", "dpo"):
         from cluster.auxiliary import run_auxiliary
 

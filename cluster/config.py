@@ -13,11 +13,27 @@ from actors.config import CurriculumConfig, GeneratorConfig
 from envpool.config import EnvConfig
 from learner.config import LearnerConfig
 
+# Sizes of the locally built model (hidden, layers); parameters with the 1,024-token vocabulary,
+# as `horizonrl make-tiny-model` prints them: xs 0.52M, s 5.0M, m 25.7M.
+TINY_PRESETS = {"xs": (128, 2), "s": (256, 6), "m": (512, 8)}
+
 
 class TinyModelConfig(BaseModel):
     """The locally built stand-in for a pretrained base model (used when model.path is unset)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["xs", "s", "m"] | None = Field(
+        None, description="Model size: xs (~0.5M params, hidden 128 x 2 layers), s (~5M, 256 x "
+        "6) or m (~25M, 512 x 8); overrides hidden_size and num_layers. Unset: those fields.")
+    tokenizer: Literal["phrase", "word"] = Field(
+        "phrase", description="phrase: BPE merges may span words (\"red ball 1\" is one token; "
+        "short transcripts); word: merges stop at spaces, so names seen in the corpus stay "
+        "whole words and new names are spelled from word pieces (GPT-2 style).")
+    thought: Literal["short", "none"] = Field(
+        "none", description="Reply format of the pre-training transcripts: the action line "
+        "alone, or with the short templated thought `horizonrl demos` writes (use the format "
+        "the demonstrations and RL will use, so the tokenizer has learned its words).")
 
     vocab_size: int = Field(
         1024, ge=300, description="BPE vocabulary incl. 3 ChatML specials (1024: every frequent "
@@ -92,6 +108,44 @@ class EvalConfig(BaseModel):
         "current horizon.")
 
 
+class InitConfig(BaseModel):
+    """Warm start before RL (AgentGym's recipe): expert demonstrations, behaviour cloning (SFT
+    on the learner group), an evaluation on the eval split, then RL from the cloned model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sft_epochs: float = Field(
+        0.0, ge=0, description="Passes of SFT over the demonstrations; 0 turns the warm start "
+        "off (RL starts from model.path or the tiny model).")
+    demos: str | None = Field(
+        None, description="Demonstrations to clone (a trajectory .jsonl or a folder of them, "
+        "e.g. from `horizonrl demos`). Unset: collect demo_episodes with the env's expert.")
+    demo_episodes: int = Field(0, ge=0, description="Expert episodes to collect (train-split "
+                               "seeds drawn from the run seed) when `demos` is unset.")
+    demo_noise: float = Field(0.0, ge=0, lt=1, description="Probability of a random valid "
+                              "action per demo turn (kept in context, masked out of the loss).")
+    demo_max_turns: int = Field(30, ge=1, description="Turn cap of an expert episode.")
+    thought: Literal["short", "none"] = Field(
+        "short", description="Demo reply format: 'Thought: I will X.\\nAction: X', or the "
+        "action line alone.")
+    only_successful: bool = Field(True, description="Clone only episodes the expert solved.")
+    sft_batch_size: int = Field(32, ge=1, description="Episodes per SFT step.")
+    sft_lr: float = Field(1e-3, gt=0, description="SFT peak learning rate (warm-up, cosine "
+                          "to 10%).")
+    eval_tasks: int = Field(32, ge=0, description="Eval-split tasks to score the base and the "
+                            "cloned model on before RL (0: skip).")
+    eval_max_turns: int | None = Field(
+        None, ge=1, description="Turn budget of that evaluation; unset: the curriculum's last "
+        "horizon.")
+
+    @model_validator(mode="after")
+    def _has_data(self) -> InitConfig:
+        if self.sft_epochs > 0 and self.demos is None and self.demo_episodes == 0:
+            raise ValueError("init: sft_epochs > 0 needs demonstrations: set init.demos (a "
+                             "path) or init.demo_episodes (collect with the expert)")
+        return self
+
+
 class RunConfig(BaseModel):
     """Everything a training run needs; saved resolved as config.yaml in the run directory."""
 
@@ -135,6 +189,8 @@ class RunConfig(BaseModel):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Horizon.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Periodic evaluation.")
+    init: InitConfig = Field(default_factory=InitConfig, description="Warm start (demos + "
+                             "behaviour cloning) before RL.")
 
     @property
     def envs(self) -> list[EnvConfig]:

@@ -1,7 +1,8 @@
 """`horizonrl eval` and periodic evaluation: eval-split tasks through the same generator actors
 and env pools as training, turned into per-episode records and a report.
 
-Deterministic: the tasks are the first `tasks` seeds of each env's eval split, and each model's
+Deterministic: the tasks are the first `tasks` seeds of each env's eval split (or of the
+`train-new` split: training tasks in instances training never drew), and each model's
 generator uses the run seed, so the same command gives the same numbers.
 """
 
@@ -16,16 +17,18 @@ from actors.generator import GeneratorActor, Task
 from cluster.checkpoints import STATE_FILE, latest_checkpoint
 from cluster.config import RunConfig
 from cluster.eval_metrics import EpisodeRecord
-from envpool.base import EVAL_SEED_OFFSET
+from envpool.base import split_seeds
 from envpool.config import EnvConfig
 from envpool.pool import EnvPool
 from protos.trajectory import Trajectory
 
 
-def eval_tasks(envs: Sequence[EnvConfig], tasks: int, tag: str) -> list[Task]:
-    """The first `tasks` eval-split seeds of every env (group ids tagged with `tag`)."""
-    return [Task(task_id=f"{e.key}-{EVAL_SEED_OFFSET + i}", seed=EVAL_SEED_OFFSET + i, env=e.key,
-                 group=f"{tag}-{e.key}-{i}") for e in envs for i in range(tasks)]
+def eval_tasks(envs: Sequence[EnvConfig], tasks: int, tag: str,
+               split: str = "eval") -> list[Task]:
+    """The first `tasks` seeds of `split` (envpool.base.split_seeds) for every env (group ids
+    tagged with `tag`)."""
+    return [Task(task_id=f"{e.key}-{s}", seed=s, env=e.key, group=f"{tag}-{e.key}-{i}")
+            for e in envs for i, s in enumerate(split_seeds(split, tasks))]
 
 
 def to_records(model: str, trajs: Sequence[Trajectory], max_turns: int) -> list[EpisodeRecord]:
@@ -48,7 +51,7 @@ def to_records(model: str, trajs: Sequence[Trajectory], max_turns: int) -> list[
 
 def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequence[EnvConfig],
               tasks: int, samples: int, max_turns: Sequence[int], step: int,
-              ) -> list[EpisodeRecord]:
+              split: str = "eval") -> list[EpisodeRecord]:
     """Every (env task, max_turns) with `samples` episodes each, tasks split over generators.
     `collect(ids)` returns the trajectories with those ids from the ingest."""
     import numpy as np
@@ -56,7 +59,7 @@ def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequ
 
     records: list[EpisodeRecord] = []
     for h in max_turns:
-        todo = eval_tasks(envs, tasks, f"eval-s{step}-h{h}")
+        todo = eval_tasks(envs, tasks, f"eval-s{step}-h{h}", split)
         shares = [[todo[i] for i in idx]
                   for idx in np.array_split(np.arange(len(todo)), len(generators))]
         outs = ray.get([g.rollout.remote(s, group_size=samples, step=step, horizon=h)
@@ -86,40 +89,50 @@ def resolve_model(spec: str, cfg: RunConfig) -> str:
 
 
 def evaluate(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig], tasks: int,
-             samples: int, max_turns: Sequence[int], out: str | Path) -> dict[str, Any]:
+             samples: int, max_turns: Sequence[int], out: str | Path,
+             split: str = "eval") -> dict[str, Any]:
     """Evaluate each labelled model; write the report to `out`; return the summary."""
+    from cluster.runtime import ray_session
+
+    with ray_session(cfg.ray):
+        return evaluate_in_session(cfg, models, envs=envs, tasks=tasks, samples=samples,
+                                   max_turns=max_turns, out=out, split=split)
+
+
+def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig],
+                        tasks: int, samples: int, max_turns: Sequence[int],
+                        out: str | Path, split: str = "eval") -> dict[str, Any]:
+    """`evaluate` inside a Ray session the caller holds (the warm start's, for one)."""
     import ray
 
     from cluster.eval_metrics import summarise
     from cluster.eval_report import write_report
     from cluster.iteration import collect_trajectories
-    from cluster.runtime import ray_session
     from learner.ingest import TrajectoryIngest
 
     records: list[EpisodeRecord] = []
     g = cfg.generator
-    with ray_session(cfg.ray):
-        ingest = TrajectoryIngest(host="127.0.0.1", port=0, capacity=cfg.learner.ingest.capacity,
-                                  max_message_bytes=cfg.learner.ingest.max_message_bytes).start()
-        try:
-            for label, path in models.items():
-                t0 = time.perf_counter()
-                remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
-                gen = remote.remote(name=f"eval-{label}", cfg=g, model_path=path,
-                                    env_pools=[EnvPool(e, name=f"eval-{label}-{e.key}")
-                                               for e in envs],
-                                    ingest_address=ingest.address, seed=cfg.seed)
-                ray.get(gen.ready.remote())
-                records += run_sweep(
-                    [gen], lambda ids: collect_trajectories(
-                        ingest, ids, cfg.learner.ingest.collect_timeout_s)[0],
-                    model=label, envs=envs, tasks=tasks, samples=samples, max_turns=max_turns,
-                    step=0)
-                ray.kill(gen)
-                print(f"[horizonrl] eval {label} ({path}): {len(records)} episodes so far "
-                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
-        finally:
-            ingest.stop()
+    ingest = TrajectoryIngest(host="127.0.0.1", port=0, capacity=cfg.learner.ingest.capacity,
+                              max_message_bytes=cfg.learner.ingest.max_message_bytes).start()
+    try:
+        for label, path in models.items():
+            t0 = time.perf_counter()
+            remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
+            gen = remote.remote(name=f"eval-{label}", cfg=g, model_path=path,
+                                env_pools=[EnvPool(e, name=f"eval-{label}-{e.key}")
+                                           for e in envs],
+                                ingest_address=ingest.address, seed=cfg.seed)
+            ray.get(gen.ready.remote())
+            records += run_sweep(
+                [gen], lambda ids: collect_trajectories(
+                    ingest, ids, cfg.learner.ingest.collect_timeout_s)[0],
+                model=label, envs=envs, tasks=tasks, samples=samples, max_turns=max_turns,
+                step=0, split=split)
+            ray.kill(gen)
+            print(f"[horizonrl] eval {label} ({path}): {len(records)} episodes so far "
+                  f"({time.perf_counter() - t0:.0f}s)", flush=True)
+    finally:
+        ingest.stop()
     ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples} | {samples})
     results = summarise(records, ks)
     out = Path(out)

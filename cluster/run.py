@@ -27,17 +27,41 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
         truncate_metrics(run_dir, state.step)
         print(f"[horizonrl] resuming {run_dir} from {ckpt.name} (step {state.step}, "
               f"policy_version {state.policy_version})", flush=True)
+    elif resume and (run_dir := _unfinished_warm_start(cfg)) is not None:
+        print(f"[horizonrl] resuming the warm start of {run_dir}", flush=True)
     else:
         if resume:
             print(f"[horizonrl] --resume {resume}: no checkpoint yet, starting fresh", flush=True)
         run_dir = make_run_dir(cfg)
         print(f"[horizonrl] run dir {run_dir}", flush=True)
     t0 = time.perf_counter()
-    ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray starts
+    base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
     trainer_cls = Trainer
     if cfg.mode == "async":
         from cluster.async_driver import AsyncTrainer as trainer_cls
-    with ray_session(cfg.ray), trainer_cls(cfg, run_dir=run_dir, resume=state) as trainer:
+    with ray_session(cfg.ray):
+        if state is None and cfg.init.sft_epochs > 0:
+            from cluster.warm_start import run_warm_start
+
+            # RL starts from the cloned model, and it is also the KL reference from then on.
+            cloned = run_warm_start(cfg, run_dir=run_dir, base_model=str(base))
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+                update={"path": str(cloned)})})
+        _rl(cfg, run_dir=run_dir, state=state, trainer_cls=trainer_cls, t0=t0)
+    return run_dir
+
+
+def _unfinished_warm_start(cfg: RunConfig) -> Path | None:
+    """The newest run of this name and seed that began a warm start and has no checkpoint."""
+    for run in sorted(Path(cfg.run_root).glob(f"{cfg.name}__{cfg.seed}__*"), reverse=True):
+        if (run / "init").is_dir():
+            return run
+    return None
+
+
+def _rl(cfg: RunConfig, *, run_dir: Path, state: object, trainer_cls: type, t0: float) -> None:
+    """The RL phase: iterations with progress, periodic and final checkpoints."""
+    with trainer_cls(cfg, run_dir=run_dir, resume=state) as trainer:
         print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training to "
               f"{cfg.iterations} iterations", flush=True)
         progress = ProgressReporter(total=cfg.iterations, done=trainer.step_count)
@@ -67,7 +91,6 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
         what = f"stopped by {stop.requested} after step" if stop.requested else "done at step"
         print(f"[horizonrl] {what} {trainer.step_count} in {time.perf_counter() - t0:.0f}s; "
               f"final checkpoint {final}", flush=True)
-    return run_dir
 
 
 class StopRequest:

@@ -24,9 +24,12 @@ MODEL_MARKER = "horizonrl_tiny_model.json"
 
 
 def random_transcripts(
-    *, env_name: str, env_kwargs: dict, episodes: int, max_turns: int, seed: int
+    *, env_name: str, env_kwargs: dict, episodes: int, max_turns: int, seed: int,
+    thought: str = "none",
 ) -> list[list[tuple[str, str]]]:
     """Episodes of a uniformly random valid-action policy as (role, text) message lists."""
+    from cluster.demos import expert_reply
+
     spec = env_spec(env_name)
     env = make_env(env_name, **env_kwargs)
     rng = random.Random(seed)
@@ -37,7 +40,8 @@ def random_transcripts(
         for _ in range(rng.randint(1, max_turns)):
             action = spec.random_action(info, rng)
             res = env.step(action)
-            messages += [("assistant", spec.format_action(action)), ("user", res.observation)]
+            messages += [("assistant", expert_reply(spec, action, thought)),
+                         ("user", res.observation)]
             info = res.info
             if res.terminated or res.truncated:
                 break
@@ -46,19 +50,25 @@ def random_transcripts(
     return out
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
+def train_tokenizer(texts: list[str], vocab_size: int, kind: str = "phrase"):
     """Byte-level BPE trained on `texts`, wrapped as a transformers fast tokenizer with ChatML."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    # Split only at punctuation and newlines, so merges can span words: "red ball 1" or
-    # "2 steps forward" become single tokens. Transcripts get ~2x shorter than with word-level
-    # pre-tokenisation, and every token the tiny model reads or writes costs CPU time.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"[,;:.\n]"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    if kind == "word":
+        # GPT-2's split (words with their leading space): a name seen often enough becomes one
+        # token, and a name never seen is spelled from pieces of words, never across them.
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        # Split only at punctuation and newlines, so merges can span words: "red ball 1" or
+        # "2 steps forward" become single tokens. Transcripts get ~2x shorter than with
+        # word-level pre-tokenisation, and every token the tiny model reads or writes costs
+        # CPU time.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"[,;:.\n]"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -108,6 +118,8 @@ def pretrain(model, sequences: list[tuple[list[int], list[int]]], *, steps: int,
              batch_size: int, lr: float, pad_id: int, seed: int,
              log_every: int = 25) -> list[float]:
     """Next-token training on (ids, targets) pairs (AdamW, warm-up then cosine)."""
+    if steps == 0:
+        return []
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -144,19 +156,27 @@ def pretrain(model, sequences: list[tuple[list[int], list[int]]], *, steps: int,
 def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: dict | None = None,
                      vocab_size: int = 1024, hidden_size: int = 128, num_layers: int = 2,
                      transcripts: int = 6000, max_turns: int = 6, pretrain_steps: int = 600,
-                     batch_size: int = 32, lr: float = 2e-3, seed: int = 0) -> Path:
-    """Build tokenizer + Qwen2 model at `out` (a `save_pretrained` folder) and return the path."""
+                     batch_size: int = 32, lr: float = 2e-3, seed: int = 0,
+                     preset: str | None = None, tokenizer: str = "phrase",
+                     thought: str = "none") -> Path:
+    """Build tokenizer + Qwen2 model at `out` (a `save_pretrained` folder) and return the path.
+    `preset` (see cluster.config.TINY_PRESETS) overrides hidden_size and num_layers."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from cluster.config import TINY_PRESETS
+
+    if preset is not None:
+        hidden_size, num_layers = TINY_PRESETS[preset]
     out = Path(out)
     env_kwargs = dict(env_kwargs or {})
     torch.manual_seed(seed)
     t0 = time.time()
     episodes = random_transcripts(env_name=env_name, env_kwargs=env_kwargs,
-                                  episodes=transcripts, max_turns=max_turns, seed=seed)
+                                  episodes=transcripts, max_turns=max_turns, seed=seed,
+                                  thought=thought)
     print(f"[make-tiny-model] {len(episodes)} random-policy transcripts "
           f"({time.time() - t0:.0f}s)", flush=True)
-    tokenizer = train_tokenizer([_render(m) for m in episodes], vocab_size)
+    tokenizer = train_tokenizer([_render(m) for m in episodes], vocab_size, tokenizer)
     chat = ChatFormat(tokenizer)
     sequences = [transcript_ids(chat, m) for m in episodes]
     config = Qwen2Config(

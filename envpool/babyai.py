@@ -23,8 +23,8 @@ import gymnasium as gym
 import minigrid  # noqa: F401  (importing it registers the BabyAI-* ids with gymnasium)
 from minigrid.core.constants import DIR_TO_VEC
 from minigrid.core.world_object import WorldObj
-from minigrid.utils.baby_ai_bot import BabyAIBot
 
+from envpool.babyai_oracle import macro_oracle_action, primitive_oracle_action
 from envpool.base import StepResult, parse_agentgym_action
 
 SYSTEM_PROMPT = (
@@ -81,12 +81,16 @@ class BabyAITextEnv:
         level: str = "BabyAI-GoToRedBall-v0",
         reward: str = "binary",
         max_primitive_steps: int | None = None,
+        expert: str = "primitive",
     ) -> None:
         if reward not in ("binary", "scaled"):
             raise ValueError(f"reward must be 'binary' or 'scaled', got {reward!r}")
         if max_primitive_steps is not None and max_primitive_steps < 1:
             raise ValueError(f"max_primitive_steps must be >= 1, got {max_primitive_steps}")
+        if expert not in ("primitive", "macro"):
+            raise ValueError(f"expert must be 'primitive' or 'macro', got {expert!r}")
         self.level = level
+        self.expert = expert
         self.reward_mode = reward
         self.max_primitive_steps = max_primitive_steps
         # Wrappers (order enforcing, env checker) only add per-step cost; we call the raw env.
@@ -369,29 +373,8 @@ random_valid_action = random_action  # the name the tiny-model builder and older
 
 
 def oracle_action(env: BabyAITextEnv) -> str:
-    """The next primitive action minigrid's BabyAIBot suggests, as one of env's action strings.
-
-    Every action returned costs exactly one primitive step when passed to `env.step`, which is
-    what the bot assumes. If other actions were taken since the last call the bot is rebuilt
-    (it then forgets what it had explored). The bot itself cannot solve the *Carrying and
-    KeyInBox levels (it asserts) and can loop forever on a few seeds of others (seen:
-    UnlockToUnlock seed 102), so use it on levels that were checked.
-    """
-    if env._bot is None or env._bot_step != env.primitive_steps:
-        env._bot = BabyAIBot(env.unwrapped_env)
-    act = int(env._bot.replan())
-    env._bot_step = env.primitive_steps + 1
-    simple = {_LEFT: "turn left", _RIGHT: "turn right", _FORWARD: "move forward"}
-    simple.update({_TOGGLE: "toggle", _DROP: "drop"})
-    if act in simple:
-        return simple[act]
-    # pickup and done act on the object in front: `pick up X` / `go to X` while already facing
-    # X cost exactly one primitive step (pickup / done).
-    u = env.unwrapped_env
-    front = u.grid.get(*u.front_pos)
-    label = env._label(front) if front is not None else None
-    verb = "pick up" if act == _PICKUP else "go to"
-    if label is not None and f"{verb} {label}" in env._actions:
-        return f"{verb} {label}"
-    env._bot = None  # the bot's plan no longer matches what will happen
-    return "turn left"
+    """The expert's next action for `env`: the high-level planner (`expert="macro"`) or
+    minigrid's BabyAIBot one primitive step at a time (`expert="primitive"`)."""
+    if env.expert == "macro":
+        return macro_oracle_action(env)
+    return primitive_oracle_action(env)

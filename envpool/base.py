@@ -9,6 +9,10 @@ from typing import Any, Protocol, runtime_checkable
 # Task ids are integer seeds. Seeds at or above this offset belong to an environment's fixed eval
 # split, seeds below it to its train split; each environment maps a seed to one of its tasks.
 EVAL_SEED_OFFSET = 1_000_000
+# Seeds from here on are train-split tasks that training never draws (it draws seeds below
+# EVAL_SEED_OFFSET): new instances of training tasks, e.g. a training goal of TextCraft with
+# distractors and an order it was never trained on, or new BabyAI layouts of a training level.
+NEW_INSTANCE_OFFSET = 2_000_000
 MAX_ACTION_CHARS = 2_000  # no action in any env is longer; longer text is invalid without parsing
 _ACTION_RE = re.compile(r"action\s*:", re.IGNORECASE)
 
@@ -46,11 +50,23 @@ class TextEnv(Protocol):
 
 
 def task_split(seed: int | None) -> tuple[str, int]:
-    """("train" | "eval", index within that split) for a task seed (None counts as train 0)."""
+    """("train" | "eval", index within that split) for a task seed (None counts as train 0).
+    Seeds from NEW_INSTANCE_OFFSET map to the train split again (index seed - offset)."""
     seed = 0 if seed is None else int(seed)
     if seed < 0:
         raise ValueError(f"task seeds are >= 0, got {seed}")
+    if seed >= NEW_INSTANCE_OFFSET:
+        return "train", seed - NEW_INSTANCE_OFFSET
     return ("eval", seed - EVAL_SEED_OFFSET) if seed >= EVAL_SEED_OFFSET else ("train", seed)
+
+
+def split_seeds(split: str, n: int) -> list[int]:
+    """The first `n` task seeds of an evaluation split: `eval` (held-out tasks) or
+    `train-new` (training tasks in instances training never drew)."""
+    offsets = {"eval": EVAL_SEED_OFFSET, "train-new": NEW_INSTANCE_OFFSET}
+    if split not in offsets:
+        raise ValueError(f"unknown split {split!r}; use one of {', '.join(offsets)}")
+    return [offsets[split] + i for i in range(n)]
 
 
 def parse_agentgym_action(text: str) -> str:

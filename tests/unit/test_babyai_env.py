@@ -13,7 +13,7 @@ from envpool.babyai import (
     parse_action,
     random_valid_action,
 )
-from envpool.base import MAX_ACTION_CHARS, StepResult, TextEnv
+from envpool.base import EVAL_SEED_OFFSET, MAX_ACTION_CHARS, StepResult, TextEnv
 
 EVAL_SEEDS = range(10_000, 10_030)  # 30 seeds, away from the small ones other tests scan
 INFO_KEYS = {"invalid_action", "success", "available_actions", "primitive_steps", "mission"}
@@ -172,6 +172,32 @@ def test_oracle_beats_random():
         print(f"{level}: oracle {oracle:.2f}, random valid (5 turns) {rand:.2f}")
         assert oracle >= 0.9
         assert rand < oracle - 0.3
+
+
+def test_macro_expert_solves_the_maze_with_listed_high_level_actions():
+    """The planner acts only through actions the observation lists, and needs many turns."""
+    env = BabyAITextEnv(level="BabyAI-GoToObjMaze-v0", expert="macro")
+    solved, turns, macros = 0, [], 0
+    for seed in range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 40):
+        _, info = env.reset(seed=seed)
+        n = 0
+        while n < 40:
+            n += 1
+            action = env.oracle_action()
+            assert action in info["available_actions"]
+            macros += action.startswith(("go to", "toggle and go through", "go through"))
+            result = env.step(action)
+            assert not result.info["invalid_action"]
+            info = result.info
+            if result.terminated or result.truncated:
+                break
+        solved += result.info["success"]
+        turns.append(n)
+    mean_turns = sum(turns) / len(turns)
+    print(f"macro expert on GoToObjMaze: {solved}/40 solved, mean turns {mean_turns:.1f}")
+    assert solved >= 38 and mean_turns >= 6 and macros >= 40
+    with pytest.raises(ValueError, match="expert"):
+        BabyAITextEnv(expert="psychic")
 
 
 def test_malformed_actions_are_invalid_and_harmless():

@@ -22,6 +22,8 @@ def test_default_config_and_override():
     ("env.name=nethack", "env.name"),
     ("curriculum.horizons=[5, 3]", "rise strictly"),
     ("no_equals_sign", "section.field=value"),
+    ("init.sft_epochs=2", "init.demo_episodes"),
+    ("model.tiny.preset=xl", "model.tiny.preset"),
 ])
 def test_bad_values_name_the_field(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("[", r"\[")):

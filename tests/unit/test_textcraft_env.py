@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envpool.base import EVAL_SEED_OFFSET, StepResult, TextEnv
+from envpool.base import EVAL_SEED_OFFSET, NEW_INSTANCE_OFFSET, StepResult, TextEnv
 from envpool.textcraft import (
     DEPTHS,
     SYSTEM_PROMPT,
@@ -112,7 +112,12 @@ def test_splits_disjoint_stable_and_stratified():
         assert n_train > 0 and n_eval > 0, depth
         assert n_eval <= 0.3 * (n_train + n_eval), depth
     env = TextCraftEnv()
-    assert env.reset(seed=len(train))[0] == env.reset(seed=0)[0]  # index wraps modulo the split
+    # The index wraps modulo the split: the same goal, in a new instance (distractors, order).
+    wrapped, first = env.reset(seed=len(train)), env.reset(seed=0)
+    assert wrapped[1]["goal"] == first[1]["goal"] and wrapped[0] != first[0]
+    new = env.reset(seed=NEW_INSTANCE_OFFSET)  # train goals in instances training never draws
+    assert new[1]["goal"] == first[1]["goal"] and new[0] != first[0]
+    assert new[0].split("\n\n")[1] == first[0].split("\n\n")[1]
     _, info = env.reset(seed=EVAL_SEED_OFFSET + 2)
     assert info["goal"] == held_out[2].goal.removeprefix("minecraft:").replace("_", " ")
 

@@ -1,0 +1,74 @@
+"""The scripted experts as `horizonrl demos` runs them: success rate and mean turns per
+environment and difficulty (BabyAI levels, TextCraft depth, Deep Search hops, SciWorld tasks).
+
+    .venv/bin/python bench/experts.py [--episodes 200] [--out docs/long-horizon/experts.json]
+
+Every cell is one `collect_demos` call (the env pool, the agent loop's token path, no noise)
+on train-split seeds; the tokenizer is the embedded default's (any tokenizer gives the same
+success and turns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCIWORLD = ["find-animal", "use-thermometer", "power-component", "lifespan-longest-lived"]
+CELLS: list[tuple[str, str, dict, int]] = [  # (env, label, kwargs, turn cap)
+    ("babyai", "GoToRedBall", {"level": "BabyAI-GoToRedBall-v0", "expert": "macro"}, 30),
+    ("babyai", "GoToObjMaze", {"level": "BabyAI-GoToObjMaze-v0", "expert": "macro"}, 30),
+    ("babyai", "GoToSeq", {"level": "BabyAI-GoToSeq-v0", "expert": "macro"}, 40),
+    ("babyai", "UnlockPickup", {"level": "BabyAI-UnlockPickup-v0", "expert": "macro"}, 30),
+    *[("textcraft", f"depth {d}", {"depths": [d]}, 40) for d in (1, 2, 3, 4)],
+    *[("deepsearch", f"{h} hops", {"hops": [h]}, 12) for h in (1, 2, 3, 4)],
+    *[("sciworld", task, {"tasks": [task], "simplification": "easy", "valid_actions": True},
+       60) for task in SCIWORLD],
+]
+
+
+def main() -> None:
+    from cluster.config import load_config
+    from cluster.demos import collect_demos
+    from cluster.models import ensure_model
+    from cluster.runtime import ray_session
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--episodes", type=int, default=200)
+    p.add_argument("--sciworld-episodes", type=int, default=20, help="its JVM is slow")
+    p.add_argument("--envs", nargs="+", default=["babyai", "textcraft", "deepsearch",
+                                                 "sciworld"])
+    p.add_argument("--out", default="docs/long-horizon/experts.json")
+    args = p.parse_args()
+    model = str(ensure_model(load_config(ROOT / "configs/babyai-local.yaml").model,
+                             env=load_config(ROOT / "configs/babyai-local.yaml").env))
+    rows = []
+    with ray_session(load_config(None).ray), tempfile.TemporaryDirectory() as tmp:
+        for env, label, kwargs, cap in CELLS:
+            if env not in args.envs:
+                continue
+            n = args.sciworld_episodes if env == "sciworld" else args.episodes
+            cfg = load_config(None, [f"env.name={env}", f"env.kwargs={json.dumps(kwargs)}",
+                                     f"env.replicas_per_actor={min(n, 64)}",
+                                     "generator.max_context_tokens=32768"])
+            s = collect_demos(cfg, model_path=model, episodes=n, out=Path(tmp) / label,
+                              max_turns=cap)
+            rows.append({"env": env, "task": label, "kwargs": kwargs, "episodes": n,
+                         "turn_cap": cap, "success_rate": round(s.success_rate, 3),
+                         "mean_turns": round(s.mean_turns, 2),
+                         "mean_tokens": round(s.mean_tokens), "seconds": s.seconds})
+            print(f"[experts] {env} {label}: success {s.success_rate:.3f}, "
+                  f"mean turns {s.mean_turns:.2f}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(["python bench/experts.py", *sys.argv[1:]]),
+                               "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

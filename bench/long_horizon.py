@@ -1,0 +1,135 @@
+"""Base vs behaviour cloning vs BC + RL on a long task, over seeds, with `horizonrl eval`'s code.
+
+    .venv/bin/python bench/long_horizon.py --config configs/babyai-maze-bc-rl.yaml \
+        --seeds 0 1 2 --tasks 100 --max-turns 20 --splits eval --out docs/long-horizon/maze
+
+For each seed, one `horizonrl train --config C seed=S` (the config's warm start: expert demos,
+SFT, then RL) in a subprocess, timed; then the base model, the cloned model (<run>/init/model)
+and the final RL checkpoint are evaluated on the same eval-split tasks at one turn budget
+(`split` eval: held-out tasks; train-new: training tasks in instances training never drew).
+Writes OUT/results.json (every number, the command, wall times), OUT/results.md and the eval
+reports; the runs themselves go to --runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+MODELS = ("base", "bc", "bc+rl")
+
+
+def train(config: str, seed: int, runs: Path, overrides: list[str]) -> tuple[Path, float]:
+    """One BC+RL recipe in a subprocess; returns (run dir, wall seconds)."""
+    root = runs / f"seed{seed}"
+    log = runs / f"train_seed{seed}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "cluster.cli", "train", "--config", config, f"seed={seed}",
+             f"run_root={root}", "metrics.port=0", *overrides],
+            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env={**os.environ,
+                                                               "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise SystemExit(f"training seed {seed} failed; see {log}")
+    (run_dir,) = root.iterdir()
+    return run_dir, time.perf_counter() - t0
+
+
+def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns: int,
+                 splits: list[str], overrides: list[str], out: Path) -> dict:
+    from cluster.checkpoints import latest_checkpoint
+    from cluster.config import load_config
+    from cluster.evaluate import evaluate
+    from cluster.models import ensure_model
+
+    cfg = load_config(config, [f"seed={seed}", *overrides])
+    models = {"base": str(ensure_model(cfg.model, env=cfg.env)),
+              "bc": str(run_dir / "init" / "model"), "bc+rl": str(latest_checkpoint(run_dir))}
+    envs = [e.model_copy(update={"replicas_per_actor": max(tasks, e.replicas_per_actor)})
+            for e in cfg.envs]
+    got = {}
+    for split in splits:
+        results = evaluate(cfg, models, envs=envs, tasks=tasks, samples=1,
+                           max_turns=[max_turns], out=out / "eval" / f"seed{seed}-{split}",
+                           split=split)
+        got[split] = {m: {env: cell[str(max_turns)]["accuracy"] for env, cell in r.items()}
+                      for m, r in results.items()}
+    return got
+
+
+def table(per_seed: dict[int, dict], splits: list[str]) -> tuple[str, dict]:
+    lines = ["| split | env | " + " | ".join(MODELS) + " | RL > BC (seeds) |",
+             "|---|---|" + "---|" * (len(MODELS) + 1)]
+    summary: dict = {}
+    for split in splits:
+        envs = sorted(next(iter(per_seed.values()))["eval"][split]["base"])
+        for env in envs:
+            cells, by_model = [], {}
+            for m in MODELS:
+                xs = [r["eval"][split][m][env] for r in per_seed.values()]
+                by_model[m] = {"mean": statistics.fmean(xs), "std": statistics.pstdev(xs),
+                               "per_seed": xs}
+                cells.append(f"{by_model[m]['mean']:.3f} ± {by_model[m]['std']:.3f}")
+            wins = sum(r["eval"][split]["bc+rl"][env] > r["eval"][split]["bc"][env]
+                       for r in per_seed.values())
+            by_model["rl_beats_bc_seeds"] = wins
+            summary.setdefault(split, {})[env] = by_model
+            lines.append(f"| {split} | {env} | " + " | ".join(cells) +
+                         f" | {wins}/{len(per_seed)} |")
+    return "\n".join(lines), summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--tasks", type=int, default=100, help="eval tasks per env and split")
+    p.add_argument("--max-turns", type=int, default=20, help="the one turn budget evaluated")
+    p.add_argument("--splits", nargs="+", default=["eval"], choices=["eval", "train-new"])
+    p.add_argument("--out", required=True, help="results (json, md, eval reports)")
+    p.add_argument("--runs", default="runs/long-horizon", help="run directories and logs")
+    p.add_argument("overrides", nargs="*", help="dotted overrides for every run")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python bench/long_horizon.py", *sys.argv[1:]])
+    per_seed: dict[int, dict] = {}
+    for seed in args.seeds:
+        run_dir, wall = train(args.config, seed, Path(args.runs), args.overrides)
+        warm = json.loads((run_dir / "init" / "warm_start.json").read_text())
+        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        per_seed[seed] = {
+            "run_dir": str(run_dir), "wall_seconds": round(wall, 1),
+            "warm_start_seconds": warm["seconds"], "sft_steps": warm["sft_steps"],
+            "train_success": [round(m["success_rate"], 4) for m in metrics],
+            "eval": evaluate_run(args.config, seed, run_dir, tasks=args.tasks,
+                                 max_turns=args.max_turns, splits=args.splits,
+                                 overrides=args.overrides, out=out)}
+        print(f"[long-horizon] seed {seed}: {per_seed[seed]['eval']} ({wall:.0f}s)", flush=True)
+        (out / "results.json").write_text(json.dumps(
+            {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
+             "per_seed": per_seed}, indent=1))
+    text, summary = table(per_seed, args.splits)
+    (out / "results.json").write_text(json.dumps(
+        {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
+         "summary": summary, "per_seed": per_seed}, indent=1))
+    walls = [r["wall_seconds"] for r in per_seed.values()]
+    (out / "results.md").write_text(
+        f"# {args.config}: base vs BC vs BC+RL\n\n`{command}`\n\nAccuracy at {args.max_turns} "
+        f"turns on {args.tasks} tasks per split, mean ± std over seeds {args.seeds}; recipe "
+        f"wall time per seed {statistics.fmean(walls):.0f} s (2 cores).\n\n{text}\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""`horizonrl demos`: expert trajectories through the agent loop's own token path.
+
+Each env's scripted expert (`oracle_action()`, run inside the env actors) plays the config's
+environment; its action is written as the model would write it ("Thought: ... Action: ..."),
+encoded with the chat segments the generator uses, and appended to an `AgentLoop` like a
+sampled completion. The result is an ordinary `Trajectory` (exact ids, `response_mask` 1 on the
+expert's tokens only) in the JSONL format `save_trajectories=true` writes, so `horizonrl sft`,
+`rs`, `dpo` and the warm start read demonstrations and RL rollouts alike.
+
+With `noise` p, a turn takes a random valid action instead (the expert then recovers from the
+state it led to); such turns stay in the context but get `response_mask` 0, so the model learns
+the recovery, never the random action.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from actors.chat import ChatFormat, load_tokenizer
+from actors.rollout import AgentLoop, Completion
+from cluster.config import RunConfig
+from envpool.base import EVAL_SEED_OFFSET
+from envpool.config import EnvConfig
+from envpool.pool import EnvError, EnvPool
+from envpool.registry import EnvSpec, env_spec
+from protos.codec import to_json_line
+from protos.trajectory import Failure, Trajectory
+
+Thought = Literal["short", "none"]
+DEMOS_FILE = "demos.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def expert_reply(spec: EnvSpec, action: str, thought: Thought = "short") -> str:
+    """The reply text for `action`: a short templated thought, then the env's action line."""
+    line = spec.format_action(action)
+    return line if thought == "none" else f"Thought: I will {action}.\n{line}"
+
+
+def demo_seeds(split: str, episodes: int, seed: int) -> list[int]:
+    """Task seeds: distinct train-split seeds drawn from `seed`, or the first eval-split ones."""
+    if split == "eval":
+        return [EVAL_SEED_OFFSET + i for i in range(episodes)]
+    return random.Random(f"demos-{seed}").sample(range(EVAL_SEED_OFFSET), episodes)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSummary:
+    """What a demos run produced (also written as summary.json beside the JSONL)."""
+
+    episodes: int
+    successes: int
+    mean_turns: float
+    mean_tokens: float
+    failures: int
+    seconds: float
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / max(self.episodes - self.failures, 1)
+
+
+class DemoWriter:
+    """Plays expert episodes in batches over an env pool (replicas in Ray actors)."""
+
+    def __init__(self, env: EnvConfig, *, chat: ChatFormat, max_turns: int,
+                 max_context_tokens: int, noise: float, thought: Thought, seed: int) -> None:
+        if not 0.0 <= noise < 1.0:
+            raise ValueError(f"noise must be in [0, 1), got {noise}")
+        self.env, self.chat, self.spec = env, chat, env_spec(env.name)
+        self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
+        self.noise, self.thought, self.rng = noise, thought, random.Random(seed)
+        self.pool = EnvPool(env, name=f"demos-{env.key}")
+
+    def play(self, seeds: list[int]) -> list[Trajectory]:
+        """One expert episode per seed, all stepped together (one pool call per turn)."""
+        slots = self.pool.acquire(len(seeds))
+        try:
+            loops = [self._loop() for _ in seeds]
+            infos: list[dict] = [{} for _ in seeds]
+            for i, first in enumerate(self.pool.reset(slots, seeds)):
+                if isinstance(first, EnvError):
+                    loops[i].fail(Failure(first.kind))
+                else:
+                    loops[i].start(first[0])
+                    infos[i] = first[1]
+            while live := [i for i, loop in enumerate(loops) if not loop.done]:
+                experts = self.pool.oracle([slots[i] for i in live])
+                actions = []
+                for i, expert in zip(live, experts):
+                    actions.append(self._turn(loops[i], expert, infos[i]))
+                stepped = [i for i, a in zip(live, actions) if a is not None]
+                results = self.pool.step([slots[i] for i in stepped],
+                                         [a for a in actions if a is not None])
+                for i, res in zip(stepped, results):
+                    if isinstance(res, EnvError):
+                        loops[i].fail(Failure(res.kind))
+                    else:
+                        loops[i].add_env_result(res)
+                        infos[i] = res.info
+            return [loop.to_trajectory(
+                trajectory_id=f"demo-{self.env.key}-{s}", group_id=f"demo-{self.env.key}-{s}",
+                task_id=f"{self.env.key}-{s}", env_name=self.env.key, policy_version=0,
+                info={"seed": s, "source": "expert", "noise": self.noise})
+                for loop, s in zip(loops, seeds)]
+        finally:
+            self.pool.release(slots)
+
+    def _loop(self) -> AgentLoop:
+        return AgentLoop(chat=self.chat, system_prompt=self.spec.system_prompt,
+                         parse_action=self.spec.parse_action, horizon=self.max_turns,
+                         max_context_tokens=self.max_context_tokens,
+                         max_tokens_per_turn=0)
+
+    def _turn(self, loop: AgentLoop, expert: str | EnvError, info: dict) -> str | None:
+        """Append the turn's reply tokens; the action to step, or None if the episode failed."""
+        if isinstance(expert, EnvError):
+            loop.fail(Failure(expert.kind))
+            return None
+        action, trainable = expert, True
+        if self.noise and info.get("available_actions") and self.rng.random() < self.noise:
+            action, trainable = self.spec.random_action(info, self.rng), False
+        ids = tuple(self.chat.assistant_ids(expert_reply(self.spec, action, self.thought)))
+        return loop.add_model_turn(Completion(ids, (0.0,) * len(ids), "stop"),
+                                   trainable=trainable)
+
+
+def collect_demos(cfg: RunConfig, *, model_path: str, episodes: int, out: str | Path,
+                  split: str = "train", noise: float = 0.0, thought: Thought = "short",
+                  max_turns: int = 30, batch: int | None = None) -> DemoSummary:
+    """Write `episodes` expert trajectories of `cfg.env` to OUT/demos.jsonl (+ summary.json).
+
+    Needs a Ray session (the env pool's actors). Prints a progress line per batch and the
+    expert's success rate and mean turns at the end.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    chat = ChatFormat(load_tokenizer(model_path))
+    batch = batch or cfg.env.num_actors * cfg.env.replicas_per_actor
+    writer = DemoWriter(cfg.env, chat=chat, max_turns=max_turns,
+                        max_context_tokens=cfg.generator.max_context_tokens, noise=noise,
+                        thought=thought, seed=cfg.seed)
+    seeds = demo_seeds(split, episodes, cfg.seed)
+    t0, done, ok, turns, tokens, failed = time.perf_counter(), 0, 0, 0, 0, 0
+    with (out / DEMOS_FILE).open("w") as f:
+        for start in range(0, len(seeds), batch):
+            for t in writer.play(seeds[start:start + batch]):
+                f.write(to_json_line(t) + "\n")
+                failed += t.failure is not Failure.NONE
+                ok += bool(t.info.get("success"))
+                turns += t.num_turns
+                tokens += len(t.prompt_ids) + len(t.response_ids)
+            done = min(start + batch, len(seeds))
+            print(f"[demos] {done}/{len(seeds)} episodes | expert success {ok / done:.3f} | "
+                  f"turns {turns / done:.2f} | {time.perf_counter() - t0:.0f}s", flush=True)
+    summary = DemoSummary(episodes=len(seeds), successes=ok, mean_turns=turns / max(done, 1),
+                          mean_tokens=tokens / max(done, 1), failures=failed,
+                          seconds=round(time.perf_counter() - t0, 1))
+    (out / SUMMARY_FILE).write_text(json.dumps(
+        {**asdict(summary), "success_rate": summary.success_rate, "split": split,
+         "noise": noise, "thought": thought, "max_turns": max_turns, "env": cfg.env.key},
+        indent=2))
+    print(f"[demos] expert on {cfg.env.key} ({split}): success {summary.success_rate:.3f}, "
+          f"mean turns {summary.mean_turns:.2f}, {summary.failures} infra failures; "
+          f"wrote {out / DEMOS_FILE}", flush=True)
+    return summary
