@@ -74,6 +74,18 @@ class CurriculumConfig(BaseModel):
         "its first half by less than this (learning at this horizon has stalled).",
     )
     horizon_step: int = Field(2, ge=1, description="Adaptive: turns added per raise.")
+    env_horizons: dict[str, list[int]] = Field(
+        default_factory=dict, description="Multi-env runs: an env label's own horizon in each "
+        "stage (one entry per stage of `horizons`; one for a fixed schedule), so a 3-turn "
+        "BabyAI task and a 15-turn TextCraft task need not share one horizon. Envs not named "
+        "use `horizons`. Not with the adaptive schedule.",
+    )
+    env_weights: dict[str, list[float]] = Field(
+        default_factory=dict, description="Task-difficulty schedule: an env label's sampling "
+        "weight in each stage (replacing its env.weight), e.g. TextCraft depths 1-4 as four "
+        "labelled envs whose weights shift to the deep ones stage by stage, as the paper mixes "
+        "difficulties. Not with the adaptive schedule.",
+    )
     allow_lower: bool = Field(
         False, description="Adaptive: lower the horizon by horizon_step when almost no "
         "episode uses it (truncation below lower_threshold); off, as in ScalingInter-RL.",
@@ -93,6 +105,17 @@ class CurriculumConfig(BaseModel):
         ):
             raise ValueError(f"curriculum.horizons must rise strictly for a {self.schedule} "
                              f"schedule (h1 < h2 < h3), got {self.horizons}")
+        stages = 1 if self.schedule == "fixed" else len(self.horizons)
+        for name, table in (("env_horizons", self.env_horizons),
+                            ("env_weights", self.env_weights)):
+            if table and self.schedule == "adaptive":
+                raise ValueError(f"curriculum.{name} needs stages: use a fixed or stepwise "
+                                 "schedule (the adaptive one decides from one env's statistics)")
+            least, what = (1, "horizon >= 1") if name == "env_horizons" else (0, "weight >= 0")
+            for key, values in table.items():
+                if len(values) != stages or min(values) < least:
+                    raise ValueError(f"curriculum.{name}.{key} must give one {what} per stage "
+                                     f"({stages}), got {values}")
         if self.boundaries is not None:
             b = self.boundaries
             if len(b) != len(self.horizons) - 1 or any(y <= x for x, y in pairwise(b)) or (

@@ -15,18 +15,36 @@ from typing import Any
 from actors.config import CurriculumConfig
 
 
+def stage_at(cfg: CurriculumConfig, step: int) -> int:
+    """Stage (0-based) in force for training step `step` (0-based count of finished steps);
+    always 0 for the fixed and adaptive schedules."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if cfg.schedule in ("fixed", "adaptive"):
+        return 0
+    if cfg.boundaries is not None:
+        return bisect.bisect_right(cfg.boundaries, step)
+    return min(step // cfg.steps_per_stage, len(cfg.horizons) - 1)
+
+
 def horizon_at(cfg: CurriculumConfig, step: int) -> int:
     """Horizon in force for training step `step` (0-based count of finished steps).
 
     For the adaptive schedule this is its starting horizon; later ones come from decisions.
     """
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    if cfg.schedule in ("fixed", "adaptive"):
-        return cfg.horizons[0]
-    if cfg.boundaries is not None:
-        return cfg.horizons[bisect.bisect_right(cfg.boundaries, step)]
-    return cfg.horizons[min(step // cfg.steps_per_stage, len(cfg.horizons) - 1)]
+    return cfg.horizons[stage_at(cfg, step)]
+
+
+def env_horizons_at(cfg: CurriculumConfig, step: int) -> dict[str, int]:
+    """The env labels with a horizon of their own (`env_horizons`) and that horizon."""
+    stage = stage_at(cfg, step)
+    return {key: hs[stage] for key, hs in cfg.env_horizons.items()}
+
+
+def env_weights_at(cfg: CurriculumConfig, step: int) -> dict[str, float]:
+    """The env labels with a sampling weight of their own (`env_weights`) and that weight."""
+    stage = stage_at(cfg, step)
+    return {key: ws[stage] for key, ws in cfg.env_weights.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +92,8 @@ def _call(handle: Any, method: str, *args: Any) -> Any:
 
 
 class CurriculumActor:
-    """Owns the schedule; pushes `(horizon, version)` to every registered generator.
+    """Owns the schedule; pushes `(horizon, version)` to every registered generator, with the
+    per-env horizons (`env_horizons`) when the config has any.
 
     `version` counts horizon changes, so a generator can tell a stale broadcast from a new one.
     """
@@ -84,6 +103,7 @@ class CurriculumActor:
         self.cfg = cfg
         self.step = step
         self.horizon = horizon_at(cfg, step)
+        self.env_horizons = env_horizons_at(cfg, step)
         self.version = 0
         self.window: list[tuple[float, float]] = []
         self.decisions: list[Decision] = []
@@ -100,11 +120,21 @@ class CurriculumActor:
     def register(self, name: str, handle: Any) -> tuple[int, int]:
         """Add (or replace, after a restart) a generator and send it the horizon in force."""
         self.generators[name] = handle
-        self._wait([_call(handle, "set_horizon", self.horizon, self.version)])
+        self._wait([_call(handle, "set_horizon", *self._broadcast())])
         return self.horizon, self.version
 
     def current(self) -> tuple[int, int]:
         return self.horizon, self.version
+
+    def current_env_horizons(self) -> dict[str, int]:
+        """The per-env horizons in force (empty when every env uses `horizon`)."""
+        return dict(self.env_horizons)
+
+    def _broadcast(self) -> tuple:
+        # The per-env table travels only when configured, so generators (and test doubles)
+        # that know one horizon keep working.
+        base = (self.horizon, self.version)
+        return (*base, dict(self.env_horizons)) if self.env_horizons else base
 
     def tick(self, step: int, stats: dict[str, float] | None = None) -> tuple[int, int]:
         """Record that `step` steps are done (with that step's rollout statistics for the
@@ -120,9 +150,11 @@ class CurriculumActor:
             new = decision.after
         else:
             new = horizon_at(self.cfg, step)
-        if new != self.horizon:
-            self.horizon, self.version, self.window = new, self.version + 1, []
-            self._wait([_call(h, "set_horizon", new, self.version)
+        new_env = env_horizons_at(self.cfg, step)
+        if new != self.horizon or new_env != self.env_horizons:
+            self.horizon, self.env_horizons = new, new_env
+            self.version, self.window = self.version + 1, []
+            self._wait([_call(h, "set_horizon", *self._broadcast())
                         for h in self.generators.values()])
         return self.horizon, self.version
 
@@ -146,3 +178,4 @@ class CurriculumActor:
         self.window = [(float(s), float(t)) for s, t in state.get("window", [])]
         self.horizon = (int(state["horizon"]) if self.cfg.schedule == "adaptive"
                         else horizon_at(self.cfg, self.step))
+        self.env_horizons = env_horizons_at(self.cfg, self.step)

@@ -65,6 +65,7 @@ class GeneratorActor:
         self.seed = seed
         self.policy_version = policy_version  # of the weights at model_path
         self.horizon: int | None = None
+        self.env_horizons: dict[str, int] = {}
         self.horizon_version = -1
         self._weights_dir = tempfile.mkdtemp(prefix=f"horizonrl-{name}-weights-")
         for pool in self.pools.values():
@@ -85,10 +86,13 @@ class GeneratorActor:
         """Pool counters per env label (steps, latency, restarts, errors)."""
         return {key: p.stats() for key, p in self.pools.items()}
 
-    def set_horizon(self, horizon: int, version: int) -> None:
-        """Applies from the next episode on; a stale broadcast (older version) is ignored."""
+    def set_horizon(self, horizon: int, version: int,
+                    env_horizons: dict[str, int] | None = None) -> None:
+        """Applies from the next episode on; a stale broadcast (older version) is ignored.
+        `env_horizons` gives env labels a horizon of their own."""
         if version >= self.horizon_version:
             self.horizon, self.horizon_version = int(horizon), int(version)
+            self.env_horizons = {k: int(v) for k, v in (env_horizons or {}).items()}
 
     def get_policy_version(self) -> int:
         return self.policy_version
@@ -111,7 +115,9 @@ class GeneratorActor:
     def rollout(self, tasks: Sequence[Task], *, group_size: int, step: int,
                 horizon: int | None = None) -> dict[str, Any]:
         """Run `group_size` episodes of each task to the end; push each as it finishes.
-        `horizon` overrides the curriculum's for this call only (evaluation sweeps)."""
+        `horizon` overrides the curriculum's (every env's) for this call only (evaluation
+        sweeps)."""
+        per_env = {} if horizon else self.env_horizons
         horizon = horizon or self.horizon
         if horizon is None:
             raise RuntimeError(f"{self.name}: no horizon yet; register with the curriculum first")
@@ -124,7 +130,8 @@ class GeneratorActor:
             for k in range(group_size):
                 loops.append(AgentLoop(
                     chat=self.chat, system_prompt=spec.system_prompt,
-                    parse_action=spec.parse_action, horizon=horizon,
+                    parse_action=spec.parse_action,
+                    horizon=per_env.get(task.env or self.default_env, horizon),
                     max_context_tokens=self.cfg.max_context_tokens,
                     max_tokens_per_turn=self.cfg.max_tokens_per_turn))
                 meta.append((task, k))
@@ -149,7 +156,8 @@ class GeneratorActor:
             # Episodes whose reset failed are done already: account for them now.
             sent += self._push(loops, meta, range(len(loops)), step, version, timing)
             turn = 0
-            while any(not loops[i].done for i in range(len(loops))) and turn < horizon:
+            longest = max(loop.horizon for loop in loops) if loops else horizon
+            while any(not loops[i].done for i in range(len(loops))) and turn < longest:
                 live = [i for i in range(len(loops)) if not loops[i].done]
                 self._turn(loops, envs, slots, live, timing, counts)
                 sent += self._push(loops, meta, live, step, version, timing)

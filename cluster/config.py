@@ -203,6 +203,17 @@ class RunConfig(BaseModel):
         if len(set(keys)) != len(keys):
             raise ValueError(f"env labels must be unique across env and extra_envs, got {keys}; "
                              "set `label` on envs that share a name")
+        cur = self.curriculum
+        for name, table in (("env_horizons", cur.env_horizons), ("env_weights", cur.env_weights)):
+            unknown = sorted(set(table) - set(keys))
+            if unknown:
+                raise ValueError(f"curriculum.{name} names {unknown}, which are not env labels "
+                                 f"of this run ({keys})")
+        for stage in range(len(next(iter(cur.env_weights.values()), []))):
+            if sum(cur.env_weights.get(e.key, [e.weight] * (stage + 1))[stage]
+                   for e in self.envs) <= 0:
+                raise ValueError(f"curriculum.env_weights: stage {stage} gives every env "
+                                 "weight 0")
         return self
 
 

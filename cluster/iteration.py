@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from actors.curriculum import env_weights_at
 from actors.generator import Task
 from cluster.config import RunConfig, dump_config
 from cluster.prometheus import repeated_action_rate
@@ -51,7 +52,9 @@ def sample_tasks(cfg: RunConfig, step: int, sampling_round: int = 0) -> list[Tas
     if len(envs) == 1:
         picks = np.zeros(len(seeds), dtype=int)
     else:
-        w = np.array([e.weight for e in envs], dtype=float)
+        # A task-difficulty schedule (curriculum.env_weights) overrides env.weight by stage.
+        stage_w = env_weights_at(cfg.curriculum, step)
+        w = np.array([stage_w.get(e.key, e.weight) for e in envs], dtype=float)
         pick_rng = np.random.default_rng([cfg.seed, step, 1])
         picks = pick_rng.choice(len(envs), len(seeds), p=w / w.sum())
     tasks = [Task(task_id=f"{envs[k].key}-{int(s)}", seed=int(s), env=envs[k].key)
@@ -92,7 +95,9 @@ def env_metrics(cfg: RunConfig, trajs: Sequence[Trajectory],
             pool["call_latency_mean_s"] = pool["call_seconds"] / max(pool["calls"], 1.0)
         out[e.key] = {f"pool_{k}": v for k, v in pool.items()}
         if len(cfg.envs) > 1:
-            out[e.key].update(rollout_metrics([t for t in trajs if t.env_name == e.key]))
+            mine = [t for t in trajs if t.env_name == e.key]
+            out[e.key].update(rollout_metrics(mine))
+            out[e.key]["horizon"] = float(max((t.horizon for t in mine), default=0))
     return out
 
 

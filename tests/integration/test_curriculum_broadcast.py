@@ -57,3 +57,30 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "step 3 | horizon 4 | policy_version 3" in out
         assert "generator restarts 1" in out
+
+
+def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
+    from cluster.driver import Trainer
+    from cluster.iteration import make_run_dir
+    from cluster.runtime import ray_session
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        "name=envh", "iterations=2", "metrics.port=0", f"run_root={tmp_path}",
+        "generator.tasks_per_step=6", "generator.group_size=2", "env.replicas_per_actor=12",
+        'extra_envs=[{name: deepsearch, kwargs: {hops: [2]}, replicas_per_actor: 12}]',
+        "curriculum.horizons=[3, 5]", "curriculum.boundaries=[1]",
+        "curriculum.env_horizons={deepsearch: [1, 2]}", "learner.minibatches=1"])
+    with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
+        seen = []
+        for _ in range(2):
+            m = trainer.step()
+            by_env = {}
+            for t in trainer.last_trajectories:
+                by_env.setdefault(t.env_name, set()).add(t.horizon)
+                assert t.num_turns <= t.horizon
+            seen.append((m["horizon"], by_env, m["env"]["deepsearch"]["horizon"]))
+    (h0, envs0, ds0), (h1, envs1, ds1) = seen
+    assert h0 == 3 and envs0.get("babyai", {3}) == {3} and envs0.get("deepsearch", {1}) == {1}
+    assert h1 == 5 and envs1.get("babyai", {5}) == {5} and envs1.get("deepsearch", {2}) == {2}
+    assert "deepsearch" in envs0 | envs1 and "babyai" in envs0 | envs1
+    assert ds0 in (0, 1) and ds1 in (0, 2)

@@ -85,3 +85,21 @@ def test_dynamic_sampling_rounds_draw_fresh_groups():
     assert all(t.group == f"s3r1-{t.task_id}" for t in again)
     assert [t.seed for t in again] != [t.seed for t in first]
     assert sample_tasks(cfg, 3, 1) == again
+
+
+def test_difficulty_schedule_draws_envs_by_stage_weights():
+    from cluster.iteration import sample_tasks
+
+    stepwise = ["curriculum.schedule=stepwise", "curriculum.horizons=[4, 8]",
+                "curriculum.steps_per_stage=3", "generator.tasks_per_step=16"]
+    cfg = load_config(ROOT / "configs/mixed-local.yaml", [
+        *stepwise, "curriculum.env_weights={babyai: [1, 0], deepsearch: [0, 1]}"])
+    assert [e.key for e in cfg.envs] == ["babyai", "deepsearch"]
+    assert {t.env for t in sample_tasks(cfg, 1)} == {"babyai"}  # stage 0
+    assert {t.env for t in sample_tasks(cfg, 4)} == {"deepsearch"}  # stage 1
+    with pytest.raises(ConfigError, match="not env labels"):
+        load_config(ROOT / "configs/mixed-local.yaml", [
+            *stepwise, "curriculum.env_weights={nowhere: [1, 1]}"])
+    with pytest.raises(ConfigError, match="stage 1 gives every env weight 0"):
+        load_config(ROOT / "configs/mixed-local.yaml", [
+            *stepwise, "curriculum.env_weights={babyai: [1, 0], deepsearch: [1, 0]}"])

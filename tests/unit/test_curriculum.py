@@ -4,7 +4,13 @@ import pytest
 from pydantic import ValidationError
 
 from actors.config import CurriculumConfig
-from actors.curriculum import CurriculumActor, horizon_at
+from actors.curriculum import (
+    CurriculumActor,
+    env_horizons_at,
+    env_weights_at,
+    horizon_at,
+    stage_at,
+)
 
 CFG = CurriculumConfig(schedule="stepwise", horizons=[6, 13, 20], steps_per_stage=100)
 
@@ -119,3 +125,38 @@ def test_adaptive_actor_broadcasts_and_restores_window():
     restored = CurriculumActor(ADAPT)
     restored.set_state(actor.get_state())
     assert restored.get_state() == actor.get_state() and restored.current() == (6, 1)
+
+
+class _EnvGen:
+    def __init__(self):
+        self.calls = []
+
+    def set_horizon(self, h, v, env_horizons=None):
+        self.calls.append((h, v, env_horizons))
+
+
+def test_per_env_horizons_follow_the_stages_and_are_broadcast():
+    cfg = CurriculumConfig(horizons=[4, 8, 12], steps_per_stage=2,
+                           env_horizons={"textcraft": [10, 20, 30]})
+    assert [stage_at(cfg, s) for s in range(7)] == [0, 0, 1, 1, 2, 2, 2]
+    assert env_horizons_at(cfg, 3) == {"textcraft": 20}
+    actor, gen = CurriculumActor(cfg), _EnvGen()
+    actor.register("g", gen)
+    for s in range(1, 5):
+        actor.tick(s)
+    assert gen.calls == [(4, 0, {"textcraft": 10}), (8, 1, {"textcraft": 20}),
+                         (12, 2, {"textcraft": 30})]
+    resumed = CurriculumActor(cfg)
+    resumed.set_state(actor.get_state())
+    assert resumed.current_env_horizons() == {"textcraft": 30}
+
+
+def test_per_env_tables_are_validated():
+    with pytest.raises(ValidationError, match="adaptive"):
+        CurriculumConfig(schedule="adaptive", horizons=[4, 8], env_horizons={"a": [3]})
+    with pytest.raises(ValidationError, match=r"one horizon >= 1 per stage \(3\)"):
+        CurriculumConfig(horizons=[4, 8, 12], env_horizons={"a": [3, 5]})
+    with pytest.raises(ValidationError, match=r"one weight >= 0 per stage \(1\)"):
+        CurriculumConfig(schedule="fixed", horizons=[4], env_weights={"a": [1.0, 2.0]})
+    assert env_weights_at(CurriculumConfig(horizons=[2, 4], steps_per_stage=5,
+                                           env_weights={"a": [1.0, 0.0]}), 7) == {"a": 0.0}
