@@ -42,7 +42,7 @@ def expert_reply(spec: EnvSpec, action: str, thought: Thought = "short") -> str:
     return line if thought == "none" else f"Thought: I will {action}.\n{line}"
 
 
-def demo_seeds(split: str, episodes: int, seed: int) -> list[int]:
+def demo_seeds(split: str, episodes: int, seed: int | str) -> list[int]:
     """Task seeds: distinct train-split seeds drawn from `seed`, or the first eval-split ones."""
     if split == "eval":
         return [EVAL_SEED_OFFSET + i for i in range(episodes)]
@@ -130,42 +130,69 @@ class DemoWriter:
                                    trainable=trainable)
 
 
+def _shares(envs: list[EnvConfig], episodes: int) -> list[int]:
+    """Episodes per env in proportion to env.weight (largest remainders get the rest)."""
+    total = sum(e.weight for e in envs)
+    raw = [episodes * e.weight / total for e in envs]
+    shares = [int(r) for r in raw]
+    for i in sorted(range(len(envs)), key=lambda i: shares[i] - raw[i])[:episodes - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
 def collect_demos(cfg: RunConfig, *, model_path: str, episodes: int, out: str | Path,
                   split: str = "train", noise: float = 0.0, thought: Thought = "short",
                   max_turns: int = 30, batch: int | None = None) -> DemoSummary:
-    """Write `episodes` expert trajectories of `cfg.env` to OUT/demos.jsonl (+ summary.json).
+    """Write `episodes` expert trajectories to OUT/demos.jsonl (+ summary.json), shared among
+    the run's envs by their weights.
 
-    Needs a Ray session (the env pool's actors). Prints a progress line per batch and the
-    expert's success rate and mean turns at the end.
+    Needs a Ray session (the env pools' actors). Prints a progress line per batch and the
+    expert's success rate and mean turns (per env, and over all) at the end.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     chat = ChatFormat(load_tokenizer(model_path))
-    batch = batch or cfg.env.num_actors * cfg.env.replicas_per_actor
-    writer = DemoWriter(cfg.env, chat=chat, max_turns=max_turns,
-                        max_context_tokens=cfg.generator.max_context_tokens, noise=noise,
-                        thought=thought, seed=cfg.seed)
-    seeds = demo_seeds(split, episodes, cfg.seed)
-    t0, done, ok, turns, tokens, failed = time.perf_counter(), 0, 0, 0, 0, 0
+    t0 = time.perf_counter()
+    tallies: dict[str, list[int]] = {}  # env -> [episodes, successes, turns, tokens, failures]
     with (out / DEMOS_FILE).open("w") as f:
-        for start in range(0, len(seeds), batch):
-            for t in writer.play(seeds[start:start + batch]):
-                f.write(to_json_line(t) + "\n")
-                failed += t.failure is not Failure.NONE
-                ok += bool(t.info.get("success"))
-                turns += t.num_turns
-                tokens += len(t.prompt_ids) + len(t.response_ids)
-            done = min(start + batch, len(seeds))
-            print(f"[demos] {done}/{len(seeds)} episodes | expert success {ok / done:.3f} | "
-                  f"turns {turns / done:.2f} | {time.perf_counter() - t0:.0f}s", flush=True)
-    summary = DemoSummary(episodes=len(seeds), successes=ok, mean_turns=turns / max(done, 1),
-                          mean_tokens=tokens / max(done, 1), failures=failed,
-                          seconds=round(time.perf_counter() - t0, 1))
+        for env, n in zip(cfg.envs, _shares(cfg.envs, episodes)):
+            if n == 0:
+                continue
+            writer = DemoWriter(env, chat=chat, max_turns=max_turns,
+                                max_context_tokens=cfg.generator.max_context_tokens,
+                                noise=noise, thought=thought, seed=cfg.seed)
+            # Each env of a mixed run draws its own task seeds.
+            seeds = demo_seeds(split, n, cfg.seed if len(cfg.envs) == 1
+                               else f"{cfg.seed}-{env.key}")
+            tally = tallies.setdefault(env.key, [0, 0, 0, 0, 0])
+            step = batch or env.num_actors * env.replicas_per_actor
+            for start in range(0, len(seeds), step):
+                for t in writer.play(seeds[start:start + step]):
+                    f.write(to_json_line(t) + "\n")
+                    tally[0] += 1
+                    tally[1] += bool(t.info.get("success"))
+                    tally[2] += t.num_turns
+                    tally[3] += len(t.prompt_ids) + len(t.response_ids)
+                    tally[4] += t.failure is not Failure.NONE
+                print(f"[demos] {env.key}: {tally[0]}/{n} episodes | expert success "
+                      f"{tally[1] / tally[0]:.3f} | turns {tally[2] / tally[0]:.2f} | "
+                      f"{time.perf_counter() - t0:.0f}s", flush=True)
+    per_env = {key: _summary(v, t0) for key, v in tallies.items()}
+    summary = _summary([sum(v[i] for v in tallies.values()) for i in range(5)], t0)
     (out / SUMMARY_FILE).write_text(json.dumps(
         {**asdict(summary), "success_rate": summary.success_rate, "split": split,
-         "noise": noise, "thought": thought, "max_turns": max_turns, "env": cfg.env.key},
-        indent=2))
-    print(f"[demos] expert on {cfg.env.key} ({split}): success {summary.success_rate:.3f}, "
-          f"mean turns {summary.mean_turns:.2f}, {summary.failures} infra failures; "
-          f"wrote {out / DEMOS_FILE}", flush=True)
+         "noise": noise, "thought": thought, "max_turns": max_turns,
+         "env": "+".join(tallies), "per_env": {k: {**asdict(v), "success_rate": v.success_rate}
+                                               for k, v in per_env.items()}}, indent=2))
+    for key, v in per_env.items():
+        print(f"[demos] expert on {key} ({split}): success {v.success_rate:.3f}, mean turns "
+              f"{v.mean_turns:.2f}, {v.failures} infra failures", flush=True)
+    print(f"[demos] wrote {summary.episodes} episodes to {out / DEMOS_FILE}", flush=True)
     return summary
+
+
+def _summary(tally: list[int], t0: float) -> DemoSummary:
+    n = max(tally[0], 1)
+    return DemoSummary(episodes=tally[0], successes=tally[1], mean_turns=tally[2] / n,
+                       mean_tokens=tally[3] / n, failures=tally[4],
+                       seconds=round(time.perf_counter() - t0, 1))

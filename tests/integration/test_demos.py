@@ -117,3 +117,21 @@ def test_demos_cli_eval_split(tmp_path, tiny_model_path):
                           "--out", str(tmp_path / "x"), "--noise", "1.5"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--noise" in bad.stderr
+
+
+def test_mixed_run_demos_share_episodes_by_env_weight(tmp_path, tiny_model_path):
+    from cluster.runtime import ray_session
+
+    cfg = load_config(None, [
+        "env.replicas_per_actor=8", "env.weight=3",
+        "extra_envs=[{name: deepsearch, kwargs: {hops: [2]}, replicas_per_actor: 8}]"])
+    with ray_session(cfg.ray):
+        summary = collect_demos(cfg, model_path=str(tiny_model_path), episodes=12, out=tmp_path,
+                                thought="none", max_turns=12)
+    written = json.loads((tmp_path / SUMMARY_FILE).read_text())
+    assert summary.episodes == 12
+    assert {k: v["episodes"] for k, v in written["per_env"].items()} == {"babyai": 9,
+                                                                       "deepsearch": 3}
+    trajs = read_trajectories(tmp_path)
+    assert sorted({t.env_name for t in trajs}) == ["babyai", "deepsearch"]
+    assert written["per_env"]["deepsearch"]["success_rate"] >= 2 / 3
