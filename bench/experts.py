@@ -40,7 +40,8 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--episodes", type=int, default=200)
-    p.add_argument("--sciworld-episodes", type=int, default=20, help="its JVM is slow")
+    p.add_argument("--sciworld-episodes", type=int, default=8, help="per task: its JVMs are "
+                   "slow to start and large (4 replicas)")
     p.add_argument("--envs", nargs="+", default=["babyai", "textcraft", "deepsearch",
                                                  "sciworld"])
     p.add_argument("--out", default="docs/long-horizon/experts.json")
@@ -53,8 +54,9 @@ def main() -> None:
             if env not in args.envs:
                 continue
             n = args.sciworld_episodes if env == "sciworld" else args.episodes
+            replicas = 4 if env == "sciworld" else min(n, 64)
             cfg = load_config(None, [f"env.name={env}", f"env.kwargs={json.dumps(kwargs)}",
-                                     f"env.replicas_per_actor={min(n, 64)}",
+                                     f"env.replicas_per_actor={replicas}",
                                      "generator.max_context_tokens=32768"])
             s = collect_demos(cfg, model_path=model, episodes=n, out=Path(tmp) / label,
                               max_turns=cap)

@@ -82,6 +82,7 @@ class BabyAITextEnv:
         reward: str = "binary",
         max_primitive_steps: int | None = None,
         expert: str = "primitive",
+        invalid_penalty: float = 0.0,
     ) -> None:
         if reward not in ("binary", "scaled"):
             raise ValueError(f"reward must be 'binary' or 'scaled', got {reward!r}")
@@ -89,8 +90,13 @@ class BabyAITextEnv:
             raise ValueError(f"max_primitive_steps must be >= 1, got {max_primitive_steps}")
         if expert not in ("primitive", "macro"):
             raise ValueError(f"expert must be 'primitive' or 'macro', got {expert!r}")
+        if invalid_penalty < 0:
+            raise ValueError(f"invalid_penalty must be >= 0, got {invalid_penalty}")
         self.level = level
         self.expert = expert
+        # Reward -invalid_penalty for an action not in the list: a shaped signal against
+        # naming objects that are not there (off by default: AgentGym's reward is the env's).
+        self.invalid_penalty = float(invalid_penalty)
         self.reward_mode = reward
         self.max_primitive_steps = max_primitive_steps
         # Wrappers (order enforcing, env checker) only add per-step cost; we call the raw env.
@@ -189,7 +195,7 @@ class BabyAITextEnv:
     def _invalid(self) -> StepResult:
         return StepResult(
             "Invalid action. " + self._obs,
-            0.0,
+            -self.invalid_penalty,
             self._terminated,
             self._truncated,
             self._info(invalid=True),
