@@ -23,8 +23,11 @@ SCIWORLD = ["find-animal", "use-thermometer", "power-component", "lifespan-longe
 CELLS: list[tuple[str, str, dict, int]] = [  # (env, label, kwargs, turn cap)
     ("babyai", "GoToRedBall", {"level": "BabyAI-GoToRedBall-v0", "expert": "macro"}, 30),
     ("babyai", "GoToObjMaze", {"level": "BabyAI-GoToObjMaze-v0", "expert": "macro"}, 30),
+    ("babyai", "GoTo", {"level": "BabyAI-GoTo-v0", "expert": "macro"}, 30),
     ("babyai", "GoToSeq", {"level": "BabyAI-GoToSeq-v0", "expert": "macro"}, 40),
     ("babyai", "UnlockPickup", {"level": "BabyAI-UnlockPickup-v0", "expert": "macro"}, 30),
+    ("babyai", "UnlockLocal", {"level": "BabyAI-UnlockLocal-v0", "expert": "macro"}, 30),
+    ("babyai", "KeyCorridorS3R3", {"level": "BabyAI-KeyCorridorS3R3-v0", "expert": "macro"}, 30),
     *[("textcraft", f"depth {d}", {"depths": [d]}, 40) for d in (1, 2, 3, 4)],
     *[("deepsearch", f"{h} hops", {"hops": [h]}, 12) for h in (1, 2, 3, 4)],
     *[("sciworld", task, {"tasks": [task], "simplification": "easy", "valid_actions": True},

@@ -6,10 +6,9 @@ The macro planner sees the whole grid (an expert may be privileged); it acts onl
 actions listed in the current observation, so every action it takes is one the model could
 have copied from its context. Supported instructions: go to, pick up and open, and sequences of
 them (`... then ...`, `... after you ...`, `... and ...`); locked doors are opened with their key.
-Other instructions (put next to) fall back to the primitive bot. Measured on 100 eval seeds
-(success, mean turns): GoToObjMaze 1.00, 7.6; GoTo 1.00, 5.8; UnlockPickup 0.94, 8.8;
-UnlockLocal 0.99, 5.8; GoToRedBall 1.00, 1.7. Not solved: Unlock (0.52, its key hides in
-other rooms) and KeyCorridor (0.00).
+Other instructions (put next to) fall back to the primitive bot. Its success and turns per
+level: `bench/experts.py` (docs/long-horizon/experts.json); it does not solve levels whose key
+hides in another room (Unlock, KeyCorridor).
 """
 
 from __future__ import annotations
