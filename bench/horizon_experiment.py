@@ -47,8 +47,9 @@ def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Pa
     extra = [f"curriculum.steps_per_stage={stage}"] if name == "stepwise" else []
     if args.model:  # RL from this checkpoint (e.g. a warm start's clone), no warm start here
         extra += [f"model.path={args.model}", "init.sft_epochs=0"]
-    if args.eval_turns:
-        extra += [f"eval.tasks={args.eval_tasks}", f"eval.max_turns=[{args.eval_turns}]"]
+    if args.eval_turns:  # one replica per eval task (the generator's pools serve both)
+        extra += [f"eval.tasks={args.eval_tasks}", f"eval.max_turns=[{args.eval_turns}]",
+                  f"env.replicas_per_actor={max(64, args.eval_tasks)}"]
     cfg = load_config(ROOT / args.config, [
         f"name={name}", f"seed={seed}", f"iterations={iterations}", f"run_root={out}",
         "checkpoint_every=0", "metrics.port=0", *overrides, *extra])
