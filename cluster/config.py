@@ -13,8 +13,8 @@ from actors.config import CurriculumConfig, GeneratorConfig
 from envpool.config import EnvConfig
 from learner.config import LearnerConfig
 
-# Sizes of the locally built model (hidden, layers); parameters with the 1,024-token vocabulary,
-# as `horizonrl make-tiny-model` prints them: xs 0.52M, s 5.0M, m 25.7M.
+# Sizes of the locally built model (hidden, layers); parameters and throughput on 2 cores in
+# docs/presets.json (bench/presets.py): xs 0.50M, s 4.9M, m 25.6M.
 TINY_PRESETS = {"xs": (128, 2), "s": (256, 6), "m": (512, 8)}
 
 
