@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +50,8 @@ def main() -> None:
                                                  "sciworld"])
     p.add_argument("--out", default="docs/long-horizon/experts.json")
     args = p.parse_args()
-    model = str(ensure_model(load_config(ROOT / "configs/babyai-local.yaml").model,
-                             env=load_config(ROOT / "configs/babyai-local.yaml").env))
+    default = load_config(ROOT / "configs/babyai-local.yaml")
+    model = str(ensure_model(default.model, env=default.env))
     rows = []
     with ray_session(load_config(None).ray), tempfile.TemporaryDirectory() as tmp:
         for env, label, kwargs, cap in CELLS:
@@ -61,12 +62,14 @@ def main() -> None:
             cfg = load_config(None, [f"env.name={env}", f"env.kwargs={json.dumps(kwargs)}",
                                      f"env.replicas_per_actor={replicas}",
                                      "generator.max_context_tokens=32768"])
+            t0 = time.perf_counter()
             s = collect_demos(cfg, model_path=model, episodes=n, out=Path(tmp) / label,
                               max_turns=cap)
             rows.append({"env": env, "task": label, "kwargs": kwargs, "episodes": n,
                          "turn_cap": cap, "success_rate": round(s.success_rate, 3),
                          "mean_turns": round(s.mean_turns, 2),
-                         "mean_tokens": round(s.mean_tokens), "seconds": s.seconds})
+                         "mean_tokens": round(s.mean_tokens),
+                         "seconds": round(time.perf_counter() - t0, 1)})
             print(f"[experts] {env} {label}: success {s.success_rate:.3f}, "
                   f"mean turns {s.mean_turns:.2f}", flush=True)
     out = Path(args.out)

@@ -55,11 +55,9 @@ def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns
     cfg = load_config(config, [f"seed={seed}", *overrides])
     models = {"base": str(ensure_model(cfg.model, env=cfg.env)),
               "bc": str(run_dir / "init" / "model"), "bc+rl": str(latest_checkpoint(run_dir))}
-    envs = [e.model_copy(update={"replicas_per_actor": max(tasks, e.replicas_per_actor)})
-            for e in cfg.envs]
     got = {}
     for split in splits:
-        results = evaluate(cfg, models, envs=envs, tasks=tasks, samples=1,
+        results = evaluate(cfg, models, envs=cfg.envs, tasks=tasks, samples=1,
                            max_turns=[max_turns], out=out / "eval" / f"seed{seed}-{split}",
                            split=split)
         got[split] = {m: {env: cell[str(max_turns)]["accuracy"] for env, cell in r.items()}

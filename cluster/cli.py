@@ -157,9 +157,7 @@ def run_eval(args: argparse.Namespace, cfg: Any) -> int:
         return 2
     known = {e.key: e for e in cfg.envs}
     names = args.envs.split(",") if args.envs else list(known)
-    replicas = args.tasks * max(ks)
-    envs = [(known[n] if n in known else EnvConfig(name=n, kwargs={})).model_copy(
-        update={"replicas_per_actor": replicas}) for n in names]
+    envs = [known[n] if n in known else EnvConfig(name=n, kwargs={}) for n in names]
     evaluate(cfg, models, envs=envs, tasks=args.tasks, samples=max(ks), max_turns=turns,
              out=args.out, split=args.split)
     print(f"[horizonrl] eval report in {args.out} (results.md, results.json, *.png)")

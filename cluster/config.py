@@ -209,9 +209,10 @@ class RunConfig(BaseModel):
             if unknown:
                 raise ValueError(f"curriculum.{name} names {unknown}, which are not env labels "
                                  f"of this run ({keys})")
-        for stage in range(len(next(iter(cur.env_weights.values()), []))):
-            if sum(cur.env_weights.get(e.key, [e.weight] * (stage + 1))[stage]
-                   for e in self.envs) <= 0:
+        stages = len(next(iter(cur.env_weights.values()), []))  # the curriculum checked lengths
+        for stage in range(stages):
+            weights = [cur.env_weights.get(e.key, [e.weight] * stages)[stage] for e in self.envs]
+            if sum(weights) <= 0:
                 raise ValueError(f"curriculum.env_weights: stage {stage} gives every env "
                                  "weight 0")
         return self

@@ -24,7 +24,7 @@ from typing import Literal
 from actors.chat import ChatFormat, load_tokenizer
 from actors.rollout import AgentLoop, Completion
 from cluster.config import RunConfig
-from envpool.base import EVAL_SEED_OFFSET
+from envpool.base import EVAL_SEED_OFFSET, split_seeds
 from envpool.config import EnvConfig
 from envpool.pool import EnvError, EnvPool
 from envpool.registry import EnvSpec, env_spec
@@ -43,26 +43,46 @@ def expert_reply(spec: EnvSpec, action: str, thought: Thought = "short") -> str:
 
 
 def demo_seeds(split: str, episodes: int, seed: int | str) -> list[int]:
-    """Task seeds: distinct train-split seeds drawn from `seed`, or the first eval-split ones."""
-    if split == "eval":
-        return [EVAL_SEED_OFFSET + i for i in range(episodes)]
+    """Task seeds: distinct train-split seeds drawn from `seed`, or the first of an evaluation
+    split (`envpool.base.split_seeds`)."""
+    if split != "train":
+        return split_seeds(split, episodes)
     return random.Random(f"demos-{seed}").sample(range(EVAL_SEED_OFFSET), episodes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DemoSummary:
-    """What a demos run produced (also written as summary.json beside the JSONL)."""
+    """What a demos run produced (also written as summary.json beside the JSONL); `add` counts
+    one more episode in."""
 
-    episodes: int
-    successes: int
-    mean_turns: float
-    mean_tokens: float
-    failures: int
-    seconds: float
+    episodes: int = 0
+    successes: int = 0
+    turns: int = 0
+    tokens: int = 0
+    failures: int = 0
+
+    def add(self, t: Trajectory) -> None:
+        self.episodes += 1
+        self.successes += bool(t.info.get("success"))
+        self.turns += t.num_turns
+        self.tokens += len(t.prompt_ids) + len(t.response_ids)
+        self.failures += t.failure is not Failure.NONE
 
     @property
     def success_rate(self) -> float:
         return self.successes / max(self.episodes - self.failures, 1)
+
+    @property
+    def mean_turns(self) -> float:
+        return self.turns / max(self.episodes, 1)
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.tokens / max(self.episodes, 1)
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "success_rate": self.success_rate,
+                "mean_turns": self.mean_turns, "mean_tokens": self.mean_tokens}
 
 
 class DemoWriter:
@@ -153,7 +173,7 @@ def collect_demos(cfg: RunConfig, *, model_path: str, episodes: int, out: str | 
     out.mkdir(parents=True, exist_ok=True)
     chat = ChatFormat(load_tokenizer(model_path))
     t0 = time.perf_counter()
-    tallies: dict[str, list[int]] = {}  # env -> [episodes, successes, turns, tokens, failures]
+    per_env: dict[str, DemoSummary] = {}
     with (out / DEMOS_FILE).open("w") as f:
         for env, n in zip(cfg.envs, _shares(cfg.envs, episodes)):
             if n == 0:
@@ -164,35 +184,23 @@ def collect_demos(cfg: RunConfig, *, model_path: str, episodes: int, out: str | 
             # Each env of a mixed run draws its own task seeds.
             seeds = demo_seeds(split, n, cfg.seed if len(cfg.envs) == 1
                                else f"{cfg.seed}-{env.key}")
-            tally = tallies.setdefault(env.key, [0, 0, 0, 0, 0])
+            tally = per_env[env.key] = DemoSummary()
             step = batch or env.num_actors * env.replicas_per_actor
             for start in range(0, len(seeds), step):
                 for t in writer.play(seeds[start:start + step]):
                     f.write(to_json_line(t) + "\n")
-                    tally[0] += 1
-                    tally[1] += bool(t.info.get("success"))
-                    tally[2] += t.num_turns
-                    tally[3] += len(t.prompt_ids) + len(t.response_ids)
-                    tally[4] += t.failure is not Failure.NONE
-                print(f"[demos] {env.key}: {tally[0]}/{n} episodes | expert success "
-                      f"{tally[1] / tally[0]:.3f} | turns {tally[2] / tally[0]:.2f} | "
+                    tally.add(t)
+                print(f"[demos] {env.key}: {tally.episodes}/{n} episodes | expert success "
+                      f"{tally.success_rate:.3f} | turns {tally.mean_turns:.2f} | "
                       f"{time.perf_counter() - t0:.0f}s", flush=True)
-    per_env = {key: _summary(v, t0) for key, v in tallies.items()}
-    summary = _summary([sum(v[i] for v in tallies.values()) for i in range(5)], t0)
+    total = DemoSummary(*(sum(getattr(v, k) for v in per_env.values())
+                          for k in ("episodes", "successes", "turns", "tokens", "failures")))
     (out / SUMMARY_FILE).write_text(json.dumps(
-        {**asdict(summary), "success_rate": summary.success_rate, "split": split,
-         "noise": noise, "thought": thought, "max_turns": max_turns,
-         "env": "+".join(tallies), "per_env": {k: {**asdict(v), "success_rate": v.success_rate}
-                                               for k, v in per_env.items()}}, indent=2))
+        {**total.as_dict(), "seconds": round(time.perf_counter() - t0, 1), "split": split,
+         "noise": noise, "thought": thought, "max_turns": max_turns, "env": "+".join(per_env),
+         "per_env": {k: v.as_dict() for k, v in per_env.items()}}, indent=2))
     for key, v in per_env.items():
         print(f"[demos] expert on {key} ({split}): success {v.success_rate:.3f}, mean turns "
               f"{v.mean_turns:.2f}, {v.failures} infra failures", flush=True)
-    print(f"[demos] wrote {summary.episodes} episodes to {out / DEMOS_FILE}", flush=True)
-    return summary
-
-
-def _summary(tally: list[int], t0: float) -> DemoSummary:
-    n = max(tally[0], 1)
-    return DemoSummary(episodes=tally[0], successes=tally[1], mean_turns=tally[2] / n,
-                       mean_tokens=tally[3] / n, failures=tally[4],
-                       seconds=round(time.perf_counter() - t0, 1))
+    print(f"[demos] wrote {total.episodes} episodes to {out / DEMOS_FILE}", flush=True)
+    return total

@@ -102,7 +102,8 @@ def evaluate(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig
 def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig],
                         tasks: int, samples: int, max_turns: Sequence[int],
                         out: str | Path, split: str = "eval") -> dict[str, Any]:
-    """`evaluate` inside a Ray session the caller holds (the warm start's, for one)."""
+    """`evaluate` inside a Ray session the caller holds (the warm start's, for one). Each env's
+    pool gets one replica per episode of a sweep (`tasks` x `samples`)."""
     import ray
 
     from cluster.eval_metrics import summarise
@@ -112,6 +113,7 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
 
     records: list[EpisodeRecord] = []
     g = cfg.generator
+    envs = [e.model_copy(update={"replicas_per_actor": tasks * samples}) for e in envs]
     ingest = TrajectoryIngest(host="127.0.0.1", port=0, capacity=cfg.learner.ingest.capacity,
                               max_message_bytes=cfg.learner.ingest.max_message_bytes).start()
     try:

@@ -53,8 +53,10 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
 
 def _unfinished_warm_start(cfg: RunConfig) -> Path | None:
     """The newest run of this name and seed that began a warm start and has no checkpoint."""
+    from cluster.warm_start import INIT_DIR
+
     for run in sorted(Path(cfg.run_root).glob(f"{cfg.name}__{cfg.seed}__*"), reverse=True):
-        if (run / "init").is_dir():
+        if (run / INIT_DIR).is_dir():
             return run
     return None
 

@@ -148,8 +148,5 @@ def _evaluate(cfg: RunConfig, out: Path, *, base: str, cloned: str) -> dict[str,
 def _run_eval(cfg: RunConfig, out: Path, h: int, *, base: str, cloned: str) -> dict[str, Any]:
     from cluster.evaluate import evaluate_in_session
 
-    envs = [e.model_copy(update={"replicas_per_actor": max(e.replicas_per_actor,
-                                                            cfg.init.eval_tasks)})
-            for e in cfg.envs]
-    return evaluate_in_session(cfg, {"base": base, "bc": cloned}, envs=envs,
+    return evaluate_in_session(cfg, {"base": base, "bc": cloned}, envs=cfg.envs,
                                tasks=cfg.init.eval_tasks, samples=1, max_turns=[h], out=out)

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,22 +47,34 @@ def free_port() -> Callable[[], int]:
 
 
 @pytest.fixture()
-def kill_tree() -> Callable[[subprocess.Popen], list]:
-    """SIGKILL a process and everything it started (local Ray included), like a lost node;
-    returns the processes still alive afterwards."""
+def kill_when() -> Callable[..., list]:
+    """Start `cmd`, wait until a file matching `pattern` appears under `root` (at most
+    `timeout_s`), then SIGKILL the process and everything it started (local Ray included), like
+    a lost node. Returns the processes still alive afterwards."""
 
-    def kill(proc: subprocess.Popen) -> list:
+    def run(cmd: list[str], *, root: Path, pattern: str, cwd: Path, poll_s: float = 0.5,
+            timeout_s: float = 600.0) -> list:
         import psutil
 
-        parent = psutil.Process(proc.pid)
-        procs = [parent, *parent.children(recursive=True)]
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=30)
-        proc.wait(timeout=30)
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not list(root.glob(pattern)):
+                assert proc.poll() is None, "the run exited before it could be killed"
+                if time.monotonic() > deadline:
+                    pytest.fail(f"no {pattern} within {timeout_s:.0f} s")
+                time.sleep(poll_s)
+        finally:
+            parent = psutil.Process(proc.pid)
+            procs = [parent, *parent.children(recursive=True)]
+            for p in procs:
+                try:
+                    p.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
+            _, alive = psutil.wait_procs(procs, timeout=30)
+            proc.wait(timeout=30)
         return alive
 
-    return kill
+    return run

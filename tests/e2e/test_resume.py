@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,21 +24,11 @@ def _cmd(run_root: Path, *extra: str) -> list[str]:
             "curriculum.horizons=[2, 3]", "curriculum.boundaries=[2]", *extra]
 
 
-def test_sigkill_after_stage_change_then_resume(tmp_path, kill_tree):
+def test_sigkill_after_stage_change_then_resume(tmp_path, kill_when):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    first = subprocess.Popen(_cmd(tmp_path), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:  # wait for the checkpoint after the stage change
-            if list(tmp_path.glob("resume__0__*/checkpoints/step_000004")):
-                break
-            assert first.poll() is None, "training exited before it could be killed"
-            time.sleep(0.5)
-        else:
-            pytest.fail("no checkpoint at step 4 within 600 s")
-    finally:
-        alive = kill_tree(first)
+    # Killed once the checkpoint after the stage change is written.
+    alive = kill_when(_cmd(tmp_path), root=tmp_path, cwd=ROOT,
+                      pattern="resume__0__*/checkpoints/step_000004")
     assert not alive, f"processes of the killed run survived: {alive}"
     (run_dir,) = tmp_path.iterdir()
 

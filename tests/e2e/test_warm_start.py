@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,21 +24,11 @@ def _cmd(run_root: Path, iterations: int, *extra: str) -> list[str]:
             "init.sft_batch_size=8", "init.eval_tasks=4", "init.eval_max_turns=3", *extra]
 
 
-def test_warm_start_killed_then_resumed_then_rl_resumed(tmp_path, kill_tree):
+def test_warm_start_killed_then_resumed_then_rl_resumed(tmp_path, kill_when):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    first = subprocess.Popen(_cmd(tmp_path, 1), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:  # SFT finished; the run is in its evaluation
-            if list(tmp_path.glob("ws__0__*/init/model/config.json")):
-                break
-            assert first.poll() is None, "training exited before it could be killed"
-            time.sleep(0.2)
-        else:
-            pytest.fail("the warm start cloned no model within 600 s")
-    finally:
-        assert not kill_tree(first)
+    # Killed once SFT has finished, while the run evaluates base and clone.
+    assert not kill_when(_cmd(tmp_path, 1), root=tmp_path, cwd=ROOT, poll_s=0.2,
+                         pattern="ws__0__*/init/model/config.json")
     (run_dir,) = tmp_path.iterdir()
     init = run_dir / "init"
     assert not (init / "warm_start.json").exists(), "killed too late"
