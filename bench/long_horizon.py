@@ -27,22 +27,25 @@ sys.path.insert(0, str(ROOT))
 MODELS = ("base", "bc", "bc+rl")
 
 
-def train(config: str, seed: int, runs: Path, overrides: list[str]) -> tuple[Path, float]:
-    """One BC+RL recipe in a subprocess; returns (run dir, wall seconds)."""
+def train(config: str, seed: int, runs: Path, overrides: list[str]) -> tuple[Path, float, bool]:
+    """One BC+RL recipe in a subprocess; returns (run dir, wall seconds, resumed). A seed whose
+    run folder exists (an earlier invocation stopped) is continued with `--resume auto`."""
     root = runs / f"seed{seed}"
     log = runs / f"train_seed{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    resumed = root.is_dir() and any(root.iterdir())
     t0 = time.perf_counter()
-    with log.open("w") as f:
+    with log.open("a" if resumed else "w") as f:
         proc = subprocess.run(
             [sys.executable, "-m", "cluster.cli", "train", "--config", config, f"seed={seed}",
-             f"run_root={root}", "metrics.port=0", *overrides],
+             f"run_root={root}", "metrics.port=0", *overrides,
+             *(["--resume", "auto"] if resumed else [])],
             cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env={**os.environ,
                                                                "PYTHONUNBUFFERED": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"training seed {seed} failed; see {log}")
     (run_dir,) = root.iterdir()
-    return run_dir, time.perf_counter() - t0
+    return run_dir, time.perf_counter() - t0, resumed
 
 
 def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns: int,
@@ -103,11 +106,11 @@ def main() -> None:
     command = " ".join(["python bench/long_horizon.py", *sys.argv[1:]])
     per_seed: dict[int, dict] = {}
     for seed in args.seeds:
-        run_dir, wall = train(args.config, seed, Path(args.runs), args.overrides)
+        run_dir, wall, resumed = train(args.config, seed, Path(args.runs), args.overrides)
         warm = json.loads((run_dir / "init" / "warm_start.json").read_text())
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         per_seed[seed] = {
-            "run_dir": str(run_dir), "wall_seconds": round(wall, 1),
+            "run_dir": str(run_dir), "wall_seconds": round(wall, 1), "resumed": resumed,
             "warm_start_seconds": warm["seconds"], "sft_steps": warm["sft_steps"],
             "train_success": [round(m["success_rate"], 4) for m in metrics],
             "eval": evaluate_run(args.config, seed, run_dir, tasks=args.tasks,
@@ -121,11 +124,11 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(
         {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
          "summary": summary, "per_seed": per_seed}, indent=1))
-    walls = [r["wall_seconds"] for r in per_seed.values()]
+    walls = [r["wall_seconds"] for r in per_seed.values() if not r["resumed"]] or [float("nan")]
     (out / "results.md").write_text(
         f"# {args.config}: base vs BC vs BC+RL\n\n`{command}`\n\nAccuracy at {args.max_turns} "
         f"turns on {args.tasks} tasks per split, mean ± std over seeds {args.seeds}; recipe "
-        f"wall time per seed {statistics.fmean(walls):.0f} s (2 cores).\n\n{text}\n")
+        f"wall time per seed {statistics.fmean(walls):.0f} s (2 cores; resumed seeds left out).\n\n{text}\n")
     print(text)
 
 

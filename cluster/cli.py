@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             train(cfg, resume=args.resume)
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, ConfigError) as exc:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 2
         except LearnerLost as exc:

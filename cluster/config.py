@@ -16,6 +16,7 @@ from learner.config import LearnerConfig
 # Sizes of the locally built model (hidden, layers); parameters and throughput on 2 cores in
 # docs/presets.json (bench/presets.py): xs 0.50M, s 4.9M, m 25.6M.
 TINY_PRESETS = {"xs": (128, 2), "s": (256, 6), "m": (512, 8)}
+TINY_MAX_POSITIONS = 4096  # the locally built model's max_position_embeddings
 
 
 class TinyModelConfig(BaseModel):
@@ -47,6 +48,11 @@ class TinyModelConfig(BaseModel):
     )
     batch_size: int = Field(32, ge=1, description="Sequences per pre-training step.")
     lr: float = Field(2e-3, gt=0, description="Pre-training peak learning rate (cosine).")
+    reading: int = Field(
+        0, ge=0, description="Synthetic reading tasks mixed into pre-training (cluster/reading.py:"
+        " find the line that mentions a word and copy it, count lines, track an inventory; names "
+        "partly made up), so the model copies from its context before it sees a demonstration. "
+        "0: none. Raise pretrain_steps with it: the steps are shared.")
 
 
 class ModelConfig(BaseModel):
@@ -209,6 +215,10 @@ class RunConfig(BaseModel):
             if unknown:
                 raise ValueError(f"curriculum.{name} names {unknown}, which are not env labels "
                                  f"of this run ({keys})")
+        if self.model.path is None and self.generator.max_context_tokens > TINY_MAX_POSITIONS:
+            raise ValueError(f"generator.max_context_tokens ({self.generator.max_context_tokens}) "
+                             f"exceeds the tiny model's {TINY_MAX_POSITIONS} positions; lower it "
+                             "or set model.path to a model with a longer context")
         stages = len(next(iter(cur.env_weights.values()), []))  # the curriculum checked lengths
         for stage in range(stages):
             weights = [cur.env_weights.get(e.key, [e.weight] * stages)[stage] for e in self.envs]

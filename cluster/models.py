@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from cluster.config import ModelConfig, TinyModelConfig
+from cluster.config import ConfigError, ModelConfig, TinyModelConfig
 from envpool.config import EnvConfig
 
 
@@ -32,6 +32,15 @@ def ensure_model(cfg: ModelConfig, *, env: EnvConfig) -> Path:
     build_from_config(tmp, cfg.tiny, env=env)
     tmp.rename(out)  # only a finished build is ever found by the check above
     return out
+
+
+def check_context(path: Path, max_context_tokens: int) -> None:
+    """Fail at start, not when the generators load the model after a warm start: the context a
+    run asks for must fit the model's positions."""
+    positions = json.loads((path / "config.json").read_text()).get("max_position_embeddings")
+    if positions is not None and max_context_tokens > positions:
+        raise ConfigError(f"generator.max_context_tokens ({max_context_tokens}) exceeds "
+                         f"max_position_embeddings ({positions}) of the model at {path}")
 
 
 def build_from_config(out: str | Path, tiny: TinyModelConfig, *, env: EnvConfig) -> Path:

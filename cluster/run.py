@@ -11,7 +11,7 @@ from cluster.config import RunConfig
 from cluster.driver import Trainer
 from cluster.iteration import make_run_dir
 from cluster.metrics import ProgressReporter
-from cluster.models import ensure_model
+from cluster.models import check_context, ensure_model
 
 
 def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
@@ -36,6 +36,7 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
         print(f"[horizonrl] run dir {run_dir}", flush=True)
     t0 = time.perf_counter()
     base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
+    check_context(base, cfg.generator.max_context_tokens)
     trainer_cls = Trainer
     if cfg.mode == "async":
         from cluster.async_driver import AsyncTrainer as trainer_cls

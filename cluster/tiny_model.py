@@ -18,6 +18,13 @@ from pathlib import Path
 import torch
 
 from actors.chat import CHATML_TEMPLATE, IM_END, IM_START, PAD, SPECIAL_TOKENS, ChatFormat
+from cluster.reading import (
+    observation_lines,
+    probe_tasks,
+    reading_accuracy,
+    reading_ids,
+    reading_tasks,
+)
 from envpool.registry import env_spec, make_env
 
 MODEL_MARKER = "horizonrl_tiny_model.json"
@@ -158,12 +165,13 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
                      transcripts: int = 6000, max_turns: int = 6, pretrain_steps: int = 600,
                      batch_size: int = 32, lr: float = 2e-3, seed: int = 0,
                      preset: str | None = None, tokenizer: str = "phrase",
-                     thought: str = "none") -> Path:
+                     thought: str = "none", reading: int = 0) -> Path:
     """Build tokenizer + Qwen2 model at `out` (a `save_pretrained` folder) and return the path.
-    `preset` (see cluster.config.TINY_PRESETS) overrides hidden_size and num_layers."""
+    `preset` (see cluster.config.TINY_PRESETS) overrides hidden_size and num_layers; `reading`
+    synthetic reading tasks (cluster.reading) are mixed into the pre-training sequences."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from cluster.config import TINY_PRESETS
+    from cluster.config import TINY_MAX_POSITIONS, TINY_PRESETS
 
     if preset is not None:
         hidden_size, num_layers = TINY_PRESETS[preset]
@@ -179,6 +187,11 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
     tokenizer = train_tokenizer([_render(m) for m in episodes], vocab_size, tokenizer)
     chat = ChatFormat(tokenizer)
     sequences = [transcript_ids(chat, m) for m in episodes]
+    probe = []
+    if reading:
+        pool = observation_lines(episodes)
+        sequences += [reading_ids(chat, t) for t in reading_tasks(pool, count=reading, seed=seed)]
+        probe = probe_tasks(pool, seed)
     config = Qwen2Config(
         vocab_size=64 * math.ceil(len(tokenizer) / 64),  # padded to a multiple of 64
         hidden_size=hidden_size,
@@ -186,7 +199,7 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=TINY_MAX_POSITIONS,
         tie_word_embeddings=True,
         eos_token_id=chat.im_end_id,
         pad_token_id=chat.pad_id,
@@ -200,6 +213,9 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
           f"mean transcript {mean_len:.0f} tokens", flush=True)
     losses = pretrain(model, sequences, steps=pretrain_steps, batch_size=batch_size, lr=lr,
                       pad_id=chat.pad_id, seed=seed)
+    accuracy = reading_accuracy(model, chat, probe) if probe else None
+    if accuracy:
+        print(f"[make-tiny-model] reading probe (exact match): {accuracy}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = chat.im_end_id
     model.save_pretrained(out)
@@ -207,6 +223,7 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
     (out / MODEL_MARKER).write_text(json.dumps({
         "env_name": env_name, "env_kwargs": env_kwargs, "params": n_params,
         "pretrain_steps": pretrain_steps, "final_loss": losses[-1] if losses else None,
+        "reading_tasks": reading, "reading_accuracy": accuracy,
         "seconds": round(time.time() - t0, 1), "seed": seed,
     }, indent=2))
     print(f"[make-tiny-model] saved to {out} ({time.time() - t0:.0f}s)", flush=True)

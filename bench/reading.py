@@ -1,0 +1,69 @@
+"""Does synthetic reading pre-training teach the tiny model to copy from its context?
+
+    .venv/bin/python bench/reading.py --config configs/textcraft-bc-rl.yaml \
+        --variants 0:300 6000:900 --out docs/long-horizon/reading.json
+
+Each variant `R:S` builds the config's tiny model (into the model cache, so a later
+`horizonrl train ... model.tiny.reading=R model.tiny.pretrain_steps=S` reuses it) with R
+reading tasks mixed into S pre-training steps, then scores every variant on the same held-out
+probe (cluster/reading.py: other line draws, other made-up names; greedy, exact match).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", required=True)
+    p.add_argument("--variants", nargs="+", default=["0:300", "6000:900"],
+                   help="reading tasks:pre-training steps")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from actors.chat import ChatFormat, load_tokenizer
+    from cluster.config import load_config
+    from cluster.models import ensure_model
+    from cluster.reading import observation_lines, probe_tasks, reading_accuracy
+    from cluster.tiny_model import random_transcripts
+
+    torch.set_num_threads(1)
+    rows = []
+    for variant in args.variants:
+        reading, steps = (int(x) for x in variant.split(":"))
+        cfg = load_config(args.config, [f"model.tiny.reading={reading}",
+                                        f"model.tiny.pretrain_steps={steps}"])
+        tiny = cfg.model.tiny
+        t0 = time.perf_counter()
+        path = ensure_model(cfg.model, env=cfg.env)
+        built = time.perf_counter() - t0
+        episodes = random_transcripts(env_name=cfg.env.name, env_kwargs=cfg.env.kwargs,
+                                      episodes=tiny.transcripts, max_turns=tiny.max_turns,
+                                      seed=0, thought=tiny.thought)
+        probe = probe_tasks(observation_lines(episodes), seed=0)
+        chat = ChatFormat(load_tokenizer(str(path)))
+        model = AutoModelForCausalLM.from_pretrained(str(path))
+        acc = reading_accuracy(model, chat, probe)
+        rows.append({"reading_tasks": reading, "pretrain_steps": steps, "model": str(path),
+                     "build_seconds": round(built, 1), "probe_tasks": len(probe),
+                     "probe_accuracy": acc})
+        print(f"[reading] {variant}: {acc} (build {built:.0f}s)", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(["python bench/reading.py", *sys.argv[1:]]),
+                               "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
