@@ -19,6 +19,8 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     run directory."""
     from cluster.runtime import ray_session
 
+    base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
+    check_context(base, cfg.generator.max_context_tokens)
     ckpt = (find_checkpoint(resume, run_root=cfg.run_root, name=cfg.name, seed=cfg.seed)
             if resume else None)
     state = load_resume(ckpt) if ckpt else None
@@ -35,8 +37,6 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
         run_dir = make_run_dir(cfg)
         print(f"[horizonrl] run dir {run_dir}", flush=True)
     t0 = time.perf_counter()
-    base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
-    check_context(base, cfg.generator.max_context_tokens)
     trainer_cls = Trainer
     if cfg.mode == "async":
         from cluster.async_driver import AsyncTrainer as trainer_cls

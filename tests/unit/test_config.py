@@ -24,6 +24,7 @@ def test_default_config_and_override():
     ("no_equals_sign", "section.field=value"),
     ("init.sft_epochs=2", "init.demo_episodes"),
     ("model.tiny.preset=xl", "model.tiny.preset"),
+    ("generator.max_context_tokens=8192", "the tiny model's 4096 positions"),
 ])
 def test_bad_values_name_the_field(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("[", r"\[")):
@@ -103,3 +104,16 @@ def test_difficulty_schedule_draws_envs_by_stage_weights():
     with pytest.raises(ConfigError, match="stage 1 gives every env weight 0"):
         load_config(ROOT / "configs/mixed-local.yaml", [
             *stepwise, "curriculum.env_weights={babyai: [1, 0], deepsearch: [1, 0]}"])
+
+
+def test_a_context_longer_than_the_models_positions_fails_before_any_run(tmp_path, capsys):
+    from cluster.cli import main
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 2048}')
+    code = main(["train", "--config", str(ROOT / "configs/babyai-local.yaml"),
+                 f"model.path={tmp_path / 'model'}", "generator.max_context_tokens=3000",
+                 f"run_root={tmp_path / 'runs'}"])
+    assert code == 2 and not (tmp_path / "runs").exists()
+    assert "max_context_tokens (3000) exceeds max_position_embeddings (2048)" in (
+        capsys.readouterr().err)
