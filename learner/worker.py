@@ -46,9 +46,14 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch: int, lr: float) -> dict[st
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": cfg.weight_decay,
                                                   "torch_adam": True}},
         "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": cfg.dtype == "bf16"},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+def compute_dtype(cfg: LearnerConfig) -> torch.dtype:
+    return torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
 
 
 class LearnerWorker:
@@ -94,11 +99,17 @@ class LearnerWorker:
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        # Loaded in fp32 either way: in bf16 mode DeepSpeed casts the module and keeps fp32
+        # master weights in the optimizer.
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        if cfg.gradient_checkpointing:
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0:  # frozen: kept in the compute dtype only
             self.ref = AutoModelForCausalLM.from_pretrained(
-                self.ref_model_path or self.model_path, dtype=torch.float32)
+                self.ref_model_path or self.model_path, dtype=compute_dtype(cfg))
             self.ref.eval().requires_grad_(False)
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -304,8 +315,9 @@ class LearnerWorker:
         Keeps `lm_head.weight` even when tied to the embeddings: vLLM leaves a tied head stale
         if it is missing from the reload.
         """
-        with self._full_state() as sd:
-            return None if sd is None else {k: v.cpu().numpy().copy() for k, v in sd.items()}
+        with self._full_state() as sd:  # bf16 weights leave as fp32 (numpy has no bf16)
+            return None if sd is None else {k: v.float().cpu().numpy().copy()
+                                            for k, v in sd.items()}
 
     def save_checkpoint(self, path: str) -> None:
         """Model, optimizer and scheduler (ZeRO-partitioned, every rank writes its part) and this
