@@ -124,6 +124,50 @@ class GeneratorActor:
         version = self.policy_version
         for pool in self.pools.values():  # replace env actors that died since the last rollout
             pool.heal()
+        timing = {"generate": 0.0, "env": 0.0, "transport": 0.0}
+        counts = {"generated_tokens": 0, "env_steps": 0}
+        sent: list[str] = []
+        try:
+            for wave in self._waves(tasks, group_size):
+                sent += self._wave(wave, group_size, step, version, per_env, horizon, timing,
+                                   counts)
+        finally:
+            if self.cfg.trim_heap:  # fragmentation, not a leak: see actors/heap.py
+                trim_heap()
+        return {"trajectory_ids": sent, "policy_version": version, "horizon": horizon,
+                "seconds": timing, "env_restarts": self.env_restarts(),
+                "env_stats": self.env_stats(), "rss_bytes": psutil.Process().memory_info().rss,
+                **counts}
+
+    def _waves(self, tasks: Sequence[Task], group_size: int) -> list[list[Task]]:
+        """Tasks in consecutive waves whose episodes fit each env's replicas (a run's draw of
+        tasks by env weight can give one env more groups than its pool holds); one wave when
+        everything fits, so the usual rollout is one lock-step loop."""
+        waves: list[list[Task]] = []
+        used: list[dict[str, int]] = []
+        for task in tasks:
+            key = task.env or self.default_env
+            cap = self.pools[key].capacity
+            if group_size > cap:
+                raise ValueError(f"{self.name}: a group of {group_size} episodes needs that many "
+                                 f"{key} replicas, the pool has {cap}; raise "
+                                 "env.replicas_per_actor or env.num_actors")
+            for wave, n in zip(waves, used):
+                if n.get(key, 0) + group_size <= cap:
+                    break
+            else:
+                wave, n = [], {}
+                waves.append(wave)
+                used.append(n)
+            wave.append(task)
+            n[key] = n.get(key, 0) + group_size
+        return waves
+
+    def _wave(self, tasks: Sequence[Task], group_size: int, step: int, version: int,
+              per_env: dict[str, int], horizon: int, timing: dict[str, float],
+              counts: dict[str, int]) -> list[str]:
+        """One lock-step rollout of `tasks`, every episode holding a replica; returns the ids
+        pushed."""
         loops, meta = [], []
         for task in tasks:
             spec = self.specs[task.env or self.default_env]
@@ -137,8 +181,6 @@ class GeneratorActor:
                 meta.append((task, k))
         envs = [task.env or self.default_env for task, _ in meta]
         slots: list[Any] = [None] * len(loops)
-        timing = {"generate": 0.0, "env": 0.0, "transport": 0.0}
-        counts = {"generated_tokens": 0, "env_steps": 0}
         sent: list[str] = []
         try:
             for key, idx in _by_env(envs, range(len(loops))).items():
@@ -165,12 +207,7 @@ class GeneratorActor:
         finally:
             for key, idx in _by_env(envs, range(len(loops))).items():
                 self.pools[key].release([slots[i] for i in idx if slots[i] is not None])
-            if self.cfg.trim_heap:  # fragmentation, not a leak: see actors/heap.py
-                trim_heap()
-        return {"trajectory_ids": sent, "policy_version": version, "horizon": horizon,
-                "seconds": timing, "env_restarts": self.env_restarts(),
-                "env_stats": self.env_stats(), "rss_bytes": psutil.Process().memory_info().rss,
-                **counts}
+        return sent
 
     def _pool_call(self, method: str, envs: list[str], slots: list, idx: Sequence[int],
                    args: Sequence[Any]) -> list[Any]:

@@ -84,3 +84,24 @@ def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
     assert h1 == 5 and envs1.get("babyai", {5}) == {5} and envs1.get("deepsearch", {2}) == {2}
     assert "deepsearch" in envs0 | envs1 and "babyai" in envs0 | envs1
     assert ds0 in (0, 1) and ds1 in (0, 2)
+
+
+def test_more_episodes_than_replicas_run_in_waves(tmp_path):
+    """An env pool smaller than a step's episodes (a weighted draw can give one env most of a
+    step's groups) runs them in consecutive waves instead of failing; every episode arrives."""
+    from cluster.driver import Trainer
+    from cluster.iteration import make_run_dir
+    from cluster.runtime import ray_session
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        "name=waves", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
+        "generator.tasks_per_step=5", "generator.group_size=2", "env.replicas_per_actor=4",
+        "curriculum.horizons=[3]", "learner.minibatches=1"])
+    with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
+        trainer.step()
+        trajs = trainer.last_trajectories
+    groups: dict[str, int] = {}
+    for t in trajs:
+        groups[t.group_id] = groups.get(t.group_id, 0) + 1
+    assert len(trajs) == 10 and len(groups) == 5 and set(groups.values()) == {2}
+    assert len({t.trajectory_id for t in trajs}) == 10
