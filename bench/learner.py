@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -272,6 +273,11 @@ def bench_size(name: str, model_path: Path, args: argparse.Namespace) -> list[Ti
             torch.set_num_threads(threads)
     rows.append(zero2(base, trajs, model_path=model_path, pad_id=pad_id, learner="ZeRO-2",
                       layout="2 x 1", **kw))
+    for dtype in args.dtypes:  # the same 2-rank learner in another precision (learner.dtype)
+        if dtype != "fp32":
+            rows.append(zero2(base.model_copy(update={"dtype": dtype}), trajs,
+                              model_path=model_path, pad_id=pad_id, learner=f"ZeRO-2 {dtype}",
+                              layout="2 x 1", **kw))
     if args.one_rank:
         one = base.model_copy(update={"world_size": 1})
         rows.append(zero2(one, trajs, model_path=model_path, pad_id=pad_id, learner="ZeRO-2",
@@ -308,9 +314,12 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds the reference forward")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1],
                     help="one torch row per value; the first is the baseline")
+    ap.add_argument("--dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
+                    help="learner.dtype rows of the 2-rank learner (fp32 is always there)")
     ap.add_argument("--no-one-rank", dest="one_rank", action="store_false",
                     help="skip the ZeRO-2 1-rank row")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
 
     from cluster.config import RayConfig
@@ -334,6 +343,12 @@ def main() -> None:
           f"update; kl_coef {args.kl_coef}; 1-min load average {load_before:.1f} at start, "
           f"{os.getloadavg()[0]:.1f} at end on {os.cpu_count()} CPUs\n")
     print(table(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "command": " ".join(["python bench/learner.py", *sys.argv[1:]]),
+            "load_average": [load_before, os.getloadavg()[0]],
+            "rows": [dataclasses.asdict(r) for r in rows], "table": table(rows)}, indent=1))
 
 
 if __name__ == "__main__":

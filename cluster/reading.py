@@ -143,18 +143,27 @@ def reading_ids(chat, task: ReadingTask) -> tuple[list[int], list[int]]:
     return prompt + answer, [-100] * len(prompt) + answer
 
 
-def reading_accuracy(model, chat, tasks: list[ReadingTask]) -> dict[str, float]:
-    """Exact-match accuracy of greedy answers, per kind (a probe of copying from context)."""
+def reading_accuracy(model, chat, tasks: list[ReadingTask]) -> dict[str, dict[str, float]]:
+    """Per kind: `exact`, the share of greedy answers equal to the answer, and `tokens`, the
+    share of answer tokens predicted right with the answer so far given (teacher forcing:
+    partial copying shows here before whole answers come out right)."""
     import torch
 
-    hits: dict[str, list[bool]] = {}
+    exact: dict[str, list[bool]] = {}
+    tokens: dict[str, list[float]] = {}
     model.eval()
     with torch.no_grad():
         for task in tasks:
-            prompt = torch.tensor([chat.prompt_ids(READING_SYSTEM, task.text)])
-            limit = len(chat.encode(task.answer)) + 4
-            out = model.generate(prompt, max_new_tokens=limit, do_sample=False,
+            ids, targets = reading_ids(chat, task)
+            start = len(ids) - sum(t != -100 for t in targets)
+            logits = model(input_ids=torch.tensor([ids])).logits[0, start - 1:-1]
+            right = (logits.argmax(-1) == torch.tensor(ids[start:])).float().mean().item()
+            tokens.setdefault(task.kind, []).append(right)
+            prompt = torch.tensor([ids[:start]])
+            out = model.generate(prompt, max_new_tokens=len(ids) - start + 4, do_sample=False,
                                  eos_token_id=chat.im_end_id, pad_token_id=chat.pad_id)
-            text = chat.tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True)
-            hits.setdefault(task.kind, []).append(text.strip() == task.answer)
-    return {kind: sum(h) / len(h) for kind, h in sorted(hits.items())}
+            text = chat.tokenizer.decode(out[0, start:], skip_special_tokens=True)
+            exact.setdefault(task.kind, []).append(text.strip() == task.answer)
+    return {kind: {"exact": sum(exact[kind]) / len(exact[kind]),
+                   "tokens": round(sum(tokens[kind]) / len(tokens[kind]), 4)}
+            for kind in sorted(exact)}
