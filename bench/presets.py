@@ -6,7 +6,8 @@ bf16 autocast, one torch thread, as one learner rank trains) and vLLM generation
 Each preset is built from a config with random weights (a tokenizer trained on 300 BabyAI
 transcripts, no pre-training: throughput does not depend on what the weights know). SFT: AdamW
 steps on batches of 8 x 512 tokens. Generation: 64 prompts of 256 tokens, 64 new tokens each,
-sampled at temperature 1 (after one warm-up call), float32.
+sampled at temperature 1 (after one warm-up call), in float32 and in bfloat16 (each engine
+built, warmed and timed in turn).
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ def sft_tokens_per_second(model, *, bf16: bool, steps: int = 4, batch: int = 8,
 
 
 def generation_tokens_per_second(path: str, *, prompts: int = 64, prompt_len: int = 256,
-                                 new: int = 64) -> float:
+                                 new: int = 64, dtype: str = "float32") -> float:
     import random
 
     from actors.engine import VLLMEngine
 
-    engine = VLLMEngine(path, seed=0, max_model_len=1024, stop_token_ids=[])
+    engine = VLLMEngine(path, seed=0, max_model_len=1024, stop_token_ids=[], dtype=dtype)
     rng = random.Random(0)
     batch = [[rng.randrange(3, 300) for _ in range(prompt_len)] for _ in range(prompts)]
     engine.generate(batch[:8], max_tokens=8, temperature=1.0)  # warm-up
@@ -82,7 +83,9 @@ def main() -> None:
                    "layers": model.config.num_hidden_layers,
                    "sft_tokens_per_s_fp32": round(sft_tokens_per_second(model, bf16=False)),
                    "sft_tokens_per_s_bf16": round(sft_tokens_per_second(model, bf16=True)),
-                   "generation_tokens_per_s": round(generation_tokens_per_second(str(path)))}
+                   "generation_tokens_per_s": round(generation_tokens_per_second(str(path))),
+                   "generation_tokens_per_s_bf16": round(generation_tokens_per_second(
+                       str(path), dtype="bfloat16"))}
             del model
         rows[preset] = row
         print(preset, row, flush=True)
