@@ -39,19 +39,34 @@ def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *,
     return adv
 
 
-def clipped_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                        *, clip: float) -> tuple[Tensor, Tensor, Tensor]:
-    """PPO clipped surrogate: mean over tokens of max(-A*ratio, -A*clip(ratio, 1-e, 1+e)).
+def surrogate_per_token(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *,
+                        clip: float, dual_clip: float | None = None
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """The PPO surrogate per token, the one the learner trains with.
 
-    `old_logprobs` are the behaviour policy's (the generator's sampled logprobs). Returns
-    (loss, clip fraction, ratio) with the loss token-mean aggregated over `mask`.
+    With r = exp(logp - old_logp): L = max(-A*r, -A*clip(r, 1-e, 1+e)); with `dual_clip` c
+    (Ye et al. 2020) L = min(L, -A*c) where A < 0, so a huge ratio on a bad token cannot blow
+    up the loss. Returns (L, -A*r, r); a token was clipped where L != -A*r.
     """
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual clip must be > 1 (got {dual_clip}); 3.0 is the usual value")
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    clip_frac = masked_mean((clipped > unclipped).float(), mask)
-    return loss, clip_frac, ratio
+    per_token = torch.maximum(unclipped, -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip))
+    if dual_clip is not None:
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, -advantages * dual_clip),
+                                per_token)
+    return per_token, unclipped, ratio
+
+
+def clipped_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                        *, clip: float) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO clipped surrogate, token-mean over `mask`; `old_logprobs` are the behaviour
+    policy's (the generator's sampled logprobs). Returns (loss, clip fraction, ratio)."""
+    per_token, unclipped, ratio = surrogate_per_token(logprobs, old_logprobs, advantages,
+                                                      clip=clip)
+    return (masked_mean(per_token, mask), masked_mean((per_token != unclipped).float(), mask),
+            ratio)
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
@@ -207,20 +222,8 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma
 def dual_clip_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
                           mask: Tensor, *, clip: float,
                           clip_c: float = 3.0) -> tuple[Tensor, Tensor]:
-    """Dual-clip PPO (Ye et al. 2020): the PPO surrogate with a cap for negative advantages.
-
-    Per token, with r = exp(logp - old_logp) and L = max(-A*r, -A*clip(r, 1-e, 1+e)):
-    loss = L when A >= 0, and min(L, -A*clip_c) when A < 0, so a huge ratio on a bad token
-    cannot blow up the loss. Returns (loss token-mean over `mask`, clip fraction = share of
-    model tokens where either bound replaced -A*r).
-    """
-    if clip_c <= 1.0:
-        raise ValueError(f"clip_c must be > 1 (got {clip_c}); 3.0 is the usual value")
-    ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
-    ppo = torch.maximum(unclipped, clipped)
-    dual = torch.minimum(ppo, -advantages * clip_c)
-    per_token = torch.where(advantages < 0, dual, ppo)
-    clip_frac = masked_mean((per_token != unclipped).float(), mask)
-    return masked_mean(per_token, mask), clip_frac
+    """Dual-clip PPO (Ye et al. 2020), token-mean over `mask`: returns (loss, clip fraction =
+    share of model tokens where either bound replaced -A*r). See `surrogate_per_token`."""
+    per_token, unclipped, _ = surrogate_per_token(logprobs, old_logprobs, advantages, clip=clip,
+                                                  dual_clip=clip_c)
+    return masked_mean(per_token, mask), masked_mean((per_token != unclipped).float(), mask)

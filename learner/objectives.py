@@ -25,14 +25,9 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
     # pre-update policy ("prox"), and the gap to the behaviour policy that sampled the tokens
     # is corrected by a truncated importance weight.
     decoupled = "prox_logprobs" in mb
-    ratio = torch.exp(logp - mb["prox_logprobs" if decoupled else "old_logprobs"])
-    adv = mb["advantages"]
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - cfg.clip_ratio, 1.0 + cfg.clip_ratio)
-    per_token = torch.maximum(unclipped, clipped)
-    if cfg.dual_clip is not None:
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * cfg.dual_clip),
-                                per_token)
+    per_token, unclipped, ratio = alg.surrogate_per_token(
+        logp, mb["prox_logprobs" if decoupled else "old_logprobs"], mb["advantages"],
+        clip=cfg.clip_ratio, dual_clip=cfg.dual_clip)
     if decoupled:
         per_token = per_token * mb["is_weights"]
     pg = alg.aggregate(per_token, mask, cfg.loss_agg)
