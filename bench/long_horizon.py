@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,6 +47,23 @@ def train(config: str, seed: int, runs: Path, overrides: list[str]) -> tuple[Pat
         raise SystemExit(f"training seed {seed} failed; see {log}")
     (run_dir,) = root.iterdir()
     return run_dir, time.perf_counter() - t0, resumed
+
+
+def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
+                     overrides: list[str]) -> None:
+    """Start seed `seed`'s run from the finished warm start of an earlier invocation (its demos
+    and clone under SOURCE/seedN): RL alone then runs with this config, via `--resume auto`."""
+    from cluster.config import dump_config, load_config
+
+    root = runs / f"seed{seed}"
+    if root.is_dir() and any(root.iterdir()):
+        return  # this invocation's own run exists: `train` resumes it
+    (src,) = (source / f"seed{seed}").iterdir()
+    cfg = load_config(config, [f"seed={seed}", f"run_root={root}", *overrides])
+    if not src.name.startswith(f"{cfg.name}__{seed}__"):
+        raise SystemExit(f"{src} is not a run of {cfg.name!r} seed {seed}")
+    shutil.copytree(src / "init", root / src.name / "init")
+    (root / src.name / "config.yaml").write_text(dump_config(cfg))
 
 
 def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns: int,
@@ -99,6 +117,8 @@ def main() -> None:
     p.add_argument("--splits", nargs="+", default=["eval"], choices=["eval", "train-new"])
     p.add_argument("--out", required=True, help="results (json, md, eval reports)")
     p.add_argument("--runs", default="runs/long-horizon", help="run directories and logs")
+    p.add_argument("--reuse-warm-start", metavar="RUNS", help="take each seed's demos and "
+                   "clone from an earlier invocation's --runs folder; only RL runs here")
     p.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = p.parse_args()
     out = Path(args.out)
@@ -106,11 +126,15 @@ def main() -> None:
     command = " ".join(["python bench/long_horizon.py", *sys.argv[1:]])
     per_seed: dict[int, dict] = {}
     for seed in args.seeds:
+        if args.reuse_warm_start:
+            reuse_warm_start(args.config, seed, Path(args.runs), Path(args.reuse_warm_start),
+                             args.overrides)
         run_dir, wall, resumed = train(args.config, seed, Path(args.runs), args.overrides)
         warm = json.loads((run_dir / "init" / "warm_start.json").read_text())
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         per_seed[seed] = {
             "run_dir": str(run_dir), "wall_seconds": round(wall, 1), "resumed": resumed,
+            "warm_start_from": args.reuse_warm_start,
             "warm_start_seconds": warm["seconds"], "sft_steps": warm["sft_steps"],
             "train_success": [round(m["success_rate"], 4) for m in metrics],
             "eval": evaluate_run(args.config, seed, run_dir, tasks=args.tasks,
