@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
                    "of this run name and seed (auto), or from a checkpoint or run folder")
     t.add_argument("--dry-run", action="store_true", help="validate the config, print the "
                    "placement plan against the cluster's resources, and exit")
+    t.add_argument("--gpu-memory-gib", type=float, help="with --dry-run: GPU memory of the "
+                   "nodes the run is for (default: this machine's GPU); checks the memory plan")
     s = sub.add_parser("status", help="live figures of a running training")
     s.add_argument("target", help="a run folder (reads its status.json) or HOST:PORT of /metrics")
     m = sub.add_parser("make-tiny-model", help="build the offline tiny Qwen2 model + tokenizer")
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from cluster.plan import dry_run
 
-            return dry_run(cfg)
+            return dry_run(cfg, gpu_gib=args.gpu_memory_gib)
         from cluster.driver import LearnerLost
         from cluster.run import train
 

@@ -50,8 +50,50 @@ def cluster_resources(cfg: RunConfig) -> tuple[str, dict[str, float]]:
                                         "GPU": float(torch.cuda.device_count())}
 
 
-def dry_run(cfg: RunConfig) -> int:
-    """Print the plan; 0 when it fits, 2 with what is missing otherwise."""
+def model_shape(cfg: RunConfig):
+    """The starting model's shape: model.path's config.json, or the tiny model's settings."""
+    from pathlib import Path
+
+    from cluster.config import TINY_PRESETS
+    from cluster.memory_plan import ModelShape
+
+    if cfg.model.path is not None:
+        return ModelShape.from_config(Path(cfg.model.path))
+    tiny = cfg.model.tiny
+    hidden, layers = TINY_PRESETS[tiny.preset] if tiny.preset else (tiny.hidden_size,
+                                                                     tiny.num_layers)
+    return ModelShape(vocab=64 * -(-tiny.vocab_size // 64), hidden=hidden,
+                      intermediate=3 * hidden, layers=layers, heads=4, kv_heads=2, tied=True)
+
+
+def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
+    """Print the per-GPU memory plan; False when a role needs more than `gpu_gib`."""
+    from cluster.memory_plan import format_plan, memory_plan
+
+    g, learner = cfg.generator, cfg.learner
+    episodes = g.tasks_per_step * g.group_size
+    rows_per_micro = max(1, episodes // (learner.world_size * learner.minibatches))
+    tokens = learner.micro_batch_tokens or rows_per_micro * g.max_context_tokens
+    shape = model_shape(cfg)
+    plans = memory_plan(
+        shape, zero_stage=learner.zero_stage, world_size=learner.world_size, dtype=learner.dtype,
+        micro_batch_tokens=tokens, checkpointing=learner.gradient_checkpointing,
+        kl_coef=learner.kl_coef, generator_dtype=g.dtype, context_tokens=g.max_context_tokens,
+        episodes_in_flight=1)
+    n = shape.params()
+    size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+    print(f"memory plan per GPU ({size} parameters; learner micro-batch "
+          f"{tokens} tokens; generator KV for one sequence of {g.max_context_tokens} tokens, "
+          f"the least vLLM starts with; all {episodes // g.num_generators} episodes of a "
+          "generator at full context need that many times the KV):")
+    lines, fits = format_plan(plans, gpu_gib=gpu_gib)
+    print("\n".join(lines))
+    return fits
+
+
+def dry_run(cfg: RunConfig, gpu_gib: float | None = None) -> int:
+    """Print the plan; 0 when it fits, 2 with what is missing otherwise. `gpu_gib`: memory
+    of one GPU of the nodes the run is meant for (default: this machine's first GPU, if any)."""
     plan = placement_plan(cfg)
     where, have = cluster_resources(cfg)
     print(f"placement plan for {cfg.name!r} on {where}:")
@@ -60,10 +102,18 @@ def dry_run(cfg: RunConfig) -> int:
         print(f"  {n} x {role}: {each} each")
     need = total(plan)
     print("  total: " + ", ".join(f"{v:g} {k}" for k, v in need.items()))
+    if gpu_gib is None and need.get("GPU"):
+        import torch
+
+        if torch.cuda.is_available():
+            gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    memory_fits = memory_report(cfg, gpu_gib) if need.get("GPU") or gpu_gib else True
     short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
     if short:
         lines = [f"{k}: needs {v:g}, {where} has {h:g}" for k, (v, h) in short.items()]
         print("does not fit: " + "; ".join(lines))
+        return 2
+    if not memory_fits:
         return 2
     print("fits: " + ", ".join(f"{k} {need[k]:g}/{have.get(k, 0.0):g}" for k in need))
     return 0
