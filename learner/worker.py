@@ -52,6 +52,23 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch: int, lr: float) -> dict[st
     }
 
 
+def local_gpu_ordinal(assigned: Sequence[str | int], visible: str | None) -> int | None:
+    """This process's CUDA ordinal for the first GPU Ray assigned it, or None for none (the
+    rank then trains on CPU even on a GPU node, instead of every such rank taking cuda:0).
+
+    Ray sets CUDA_VISIBLE_DEVICES to the assigned GPUs, so the ordinal is their place in that
+    list; with Ray told not to set it, the physical id is the ordinal."""
+    if not assigned:
+        return None
+    first = str(assigned[0])
+    if visible:
+        ids = [x.strip() for x in visible.split(",")]
+        if first not in ids:
+            raise RuntimeError(f"Ray assigned GPU {first}, but CUDA_VISIBLE_DEVICES={visible}")
+        return ids.index(first)
+    return int(first)
+
+
 def compute_dtype(cfg: LearnerConfig) -> torch.dtype:
     return torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
 
@@ -81,10 +98,25 @@ class LearnerWorker:
             s.bind((ip, 0))
             return ip, s.getsockname()[1]
 
+    def assigned_gpu(self) -> tuple[list[str], int | None]:
+        """(GPU ids Ray assigned this rank, the CUDA ordinal it trains on; None: CPU)."""
+        import ray
+
+        ids = [str(x) for x in ray.get_gpu_ids()] if ray.is_initialized() else []
+        return ids, local_gpu_ordinal(ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
     def setup(self, master_addr: str, master_port: int) -> bool:
         """Join the process group (gloo on CPU, NCCL on GPU), load models, build the engine."""
+        _, ordinal = self.assigned_gpu()
+        use_gpu = ordinal is not None and torch.cuda.is_available()
+        if not use_gpu:
+            os.environ["DS_ACCELERATOR"] = "cpu"
+        else:
+            torch.cuda.set_device(ordinal)
+        # DeepSpeed places the engine on cuda:LOCAL_RANK: the ordinal Ray's assignment gives.
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size),
-                          LOCAL_RANK="0", MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+                          LOCAL_RANK=str(ordinal if use_gpu else 0), MASTER_ADDR=master_addr,
+                          MASTER_PORT=str(master_port))
         import deepspeed
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -97,7 +129,7 @@ class LearnerWorker:
         if not cfg.shm_allreduce:
             # Skips the 1-2 min gcc build of the shm allreduce; DeepSpeed then uses gloo alone.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if use_gpu else "gloo"
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         # Loaded in fp32 either way: in bf16 mode DeepSpeed casts the module and keeps fp32
         # master weights in the optimizer.

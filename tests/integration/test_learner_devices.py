@@ -1,0 +1,45 @@
+"""Each learner rank trains on the device Ray assigned it: a local Ray that advertises two
+(logical) GPUs gives the two ranks of a LearnerGroup one GPU id each, never the same, and each
+rank's CUDA ordinal is that GPU's place in what Ray made visible to it. On this CPU machine
+the ranks then fall back to CPU (no CUDA) and still train."""
+
+import pytest
+
+from learner.worker import local_gpu_ordinal
+
+pytestmark = pytest.mark.integration
+
+
+def test_ordinal_is_the_place_of_the_assigned_gpu():
+    assert local_gpu_ordinal([], "0,1") is None  # no GPU reserved: CPU, not cuda:0
+    assert local_gpu_ordinal(["3"], "3") == 0  # Ray's usual: only the assigned GPU visible
+    assert local_gpu_ordinal(["3"], "1,3") == 1
+    assert local_gpu_ordinal([2], None) == 2  # Ray told not to set CUDA_VISIBLE_DEVICES
+    with pytest.raises(RuntimeError, match="assigned GPU 4"):
+        local_gpu_ordinal(["4"], "0,1")
+
+
+def test_two_ranks_get_two_gpus_from_ray(tiny_model_path, tokenizer):
+    import ray
+
+    from cluster.runtime import LOCAL_RAY_ENV
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": LOCAL_RAY_ENV})
+    try:
+        cfg = LearnerConfig(world_size=2, num_gpus_per_worker=1, kl_coef=0.0)
+        group = LearnerGroup(cfg, model_path=str(tiny_model_path),
+                             pad_id=tokenizer.pad_token_id, seed=0)
+        try:
+            got = ray.get([w.assigned_gpu.remote() for w in group.workers])
+            devices = ray.get([w.weight_device.remote() for w in group.workers])
+        finally:
+            group.shutdown()
+    finally:
+        ray.shutdown()
+    (ids0, ord0), (ids1, ord1) = got
+    assert len(ids0) == len(ids1) == 1 and ids0 != ids1, got
+    assert ord0 == ord1 == 0, got  # each sees only its own GPU
+    assert devices == [None, None]  # no CUDA here: the ranks trained on CPU
