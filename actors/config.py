@@ -33,12 +33,28 @@ class GeneratorConfig(BaseModel):
         "float32", description="Engine dtype: float32 on AVX2 CPUs (bf16 is 2x slower there); "
         "it must match the learner's for logprobs to agree.",
     )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="GPU: the share of its GPU the vLLM engine takes for "
+        "weights and KV cache (vLLM's own default 0.9); lower it when another role shares the "
+        "GPU. Ignored on CPU (kv_cache_gib sizes the cache there).")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPU: vLLM tensor parallelism; needs num_gpus at least this.")
+    enforce_eager: bool | None = Field(
+        None, description="vLLM without CUDA graphs. Unset: eager on CPU (compiling took 79 s "
+        "there and was not faster), CUDA graphs on GPU.")
     send_deadline_s: float = Field(60.0, gt=0, description="gRPC deadline for one push.")
     trim_heap: bool = Field(
         True, description="After each rollout, give freed heap memory back to the OS (glibc "
         "malloc_trim, ~10 ms): keeps a long run's generator RSS flat. No-op off glibc.",
     )
 
+
+    @model_validator(mode="after")
+    def _parallel_fits(self) -> GeneratorConfig:
+        if self.tensor_parallel_size > 1 and self.num_gpus < self.tensor_parallel_size:
+            raise ValueError(f"generator.tensor_parallel_size ({self.tensor_parallel_size}) "
+                             f"needs generator.num_gpus >= it (got {self.num_gpus})")
+        return self
 
 class CurriculumConfig(BaseModel):
     """ScalingInter-RL: the max interaction turns (horizon) as a function of training step."""

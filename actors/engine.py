@@ -19,18 +19,24 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, *, seed: int, max_model_len: int, stop_token_ids: list[int],
                  kv_cache_gib: int = 1, dtype: str = "float32",
-                 max_num_seqs: int = 256) -> None:
+                 max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9,
+                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None) -> None:
         # In-process engine core: 5-12 s start instead of 33-43 s, and in-memory reloads work.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
         # vLLM's per-start CPU-backend warnings drown the training progress lines.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        import torch
         from vllm import LLM
+
+        if enforce_eager is None:  # compiling on CPU took 79 s and was not faster
+            enforce_eager = not torch.cuda.is_available()
 
         self.stop_token_ids = list(stop_token_ids)
         self.llm = LLM(
             model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
-            enforce_eager=True,  # compiling on CPU took 79 s and was not faster
+            enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
             max_num_seqs=max_num_seqs, enable_prefix_caching=True,
             use_tqdm_on_load=False,  # a progress bar on every weight reload is noise
             # Room for a whole lock-step turn's prefill in one engine step.

@@ -58,7 +58,10 @@ class GeneratorActor:
 
             engine = VLLMEngine(model_path, seed=seed, max_model_len=cfg.max_context_tokens,
                                 stop_token_ids=[self.chat.im_end_id],
-                                kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype)
+                                kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype,
+                                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                tensor_parallel_size=cfg.tensor_parallel_size,
+                                enforce_eager=cfg.enforce_eager)
         self.engine = engine
         self.sender = TrajectorySender(ingest_address, deadline_s=cfg.send_deadline_s,
                                        auth_token=ingest_token, tls_ca_path=ingest_tls_ca)

@@ -65,6 +65,7 @@ class ModelShape:
 class RolePlan:
     role: str
     parts: dict[str, float]  # GiB per component
+    share: float = 1.0  # of its GPU the role may take (vLLM's gpu_memory_utilization)
 
     @property
     def total(self) -> float:
@@ -112,8 +113,8 @@ def kv_cache_bytes(shape: ModelShape, *, tokens: int, dtype: str) -> float:
 
 def memory_plan(shape: ModelShape, *, zero_stage: int, world_size: int, dtype: str,
                 micro_batch_tokens: int, checkpointing: bool, kl_coef: float,
-                generator_dtype: str, context_tokens: int,
-                episodes_in_flight: int) -> list[RolePlan]:
+                generator_dtype: str, context_tokens: int, episodes_in_flight: int,
+                gpu_memory_utilization: float = 0.9) -> list[RolePlan]:
     """GiB per GPU of a learner rank and of a generator engine."""
     params = shape.params()
     learner = model_states_bytes(params, zero_stage=zero_stage, world_size=world_size,
@@ -127,7 +128,8 @@ def memory_plan(shape: ModelShape, *, zero_stage: int, world_size: int, dtype: s
                  "kv_cache": kv_cache_bytes(shape, tokens=context_tokens * episodes_in_flight,
                                             dtype=generator_dtype)}
     return [RolePlan("learner rank", {k: v / GIB for k, v in learner.items()}),
-            RolePlan("generator", {k: v / GIB for k, v in generator.items()})]
+            RolePlan("generator", {k: v / GIB for k, v in generator.items()},
+                     share=gpu_memory_utilization)]
 
 
 def format_plan(plans: list[RolePlan], *, gpu_gib: float | None) -> tuple[list[str], bool]:
@@ -136,8 +138,8 @@ def format_plan(plans: list[RolePlan], *, gpu_gib: float | None) -> tuple[list[s
     for plan in plans:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in plan.parts.items())
         lines.append(f"  {plan.role}: {plan.total:.2f} GiB per GPU ({parts})")
-        if gpu_gib is not None and plan.total > gpu_gib:
+        if gpu_gib is not None and plan.total > plan.share * gpu_gib:
             fits = False
             lines.append(f"    does not fit: needs {plan.total:.1f} GiB per GPU, has "
-                         f"{gpu_gib:.1f}")
+                         f"{gpu_gib:.1f}" + (f" x {plan.share:g}" if plan.share < 1 else ""))
     return lines, fits

@@ -79,7 +79,7 @@ def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
         shape, zero_stage=learner.zero_stage, world_size=learner.world_size, dtype=learner.dtype,
         micro_batch_tokens=tokens, checkpointing=learner.gradient_checkpointing,
         kl_coef=learner.kl_coef, generator_dtype=g.dtype, context_tokens=g.max_context_tokens,
-        episodes_in_flight=1)
+        episodes_in_flight=1, gpu_memory_utilization=g.gpu_memory_utilization)
     n = shape.params()
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
     print(f"memory plan per GPU ({size} parameters; learner micro-batch "

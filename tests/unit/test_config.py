@@ -25,6 +25,7 @@ def test_default_config_and_override():
     ("init.sft_epochs=2", "init.demo_episodes"),
     ("model.tiny.preset=xl", "model.tiny.preset"),
     ("generator.max_context_tokens=8192", "the tiny model's 4096 positions"),
+    ("generator.tensor_parallel_size=2", "generator.num_gpus"),
 ])
 def test_bad_values_name_the_field(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.").replace("[", r"\[")):
