@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
                    "placement plan against the cluster's resources, and exit")
     t.add_argument("--gpu-memory-gib", type=float, help="with --dry-run: GPU memory of the "
                    "nodes the run is for (default: this machine's GPU); checks the memory plan")
+    t.add_argument("--resources", metavar="CPU=96,GPU=8", help="with --dry-run: plan against "
+                   "this cluster instead of the one the run would get here")
     s = sub.add_parser("status", help="live figures of a running training")
     s.add_argument("target", help="a run folder (reads its status.json) or HOST:PORT of /metrics")
     m = sub.add_parser("make-tiny-model", help="build the offline tiny Qwen2 model + tokenizer")
@@ -214,6 +216,14 @@ def status(target: str) -> int:
     return 0
 
 
+def _resources(text: str) -> dict[str, float]:
+    try:
+        return {k.strip(): float(v) for k, v in (x.split("=") for x in text.split(","))}
+    except ValueError:
+        raise SystemExit(f"horizonrl: --resources {text!r}: expected NAME=NUMBER,... "
+                         "(e.g. CPU=96,GPU=8)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "status":
@@ -246,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from cluster.plan import dry_run
 
-            return dry_run(cfg, gpu_gib=args.gpu_memory_gib)
+            return dry_run(cfg, gpu_gib=args.gpu_memory_gib,
+                           resources=_resources(args.resources) if args.resources else None)
         from cluster.driver import LearnerLost
         from cluster.run import train
 

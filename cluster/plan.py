@@ -91,11 +91,16 @@ def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
     return fits
 
 
-def dry_run(cfg: RunConfig, gpu_gib: float | None = None) -> int:
+def dry_run(cfg: RunConfig, gpu_gib: float | None = None,
+            resources: dict[str, float] | None = None) -> int:
     """Print the plan; 0 when it fits, 2 with what is missing otherwise. `gpu_gib`: memory
-    of one GPU of the nodes the run is meant for (default: this machine's first GPU, if any)."""
+    of one GPU of the nodes the run is meant for (default: this machine's first GPU, if any);
+    `resources`: the cluster the run is meant for (default: the one it would get here)."""
     plan = placement_plan(cfg)
-    where, have = cluster_resources(cfg)
+    if resources is not None:
+        where, have = "the described cluster", resources
+    else:
+        where, have = cluster_resources(cfg)
     print(f"placement plan for {cfg.name!r} on {where}:")
     for role, n, res in plan:
         each = ", ".join(f"{v:g} {k}" for k, v in res.items()) or "no reserved resources"

@@ -72,3 +72,11 @@ def test_dry_run_says_what_does_not_fit(capsys):
                  "ray.num_cpus=16",
                  "--gpu-memory-gib", "80"]) == 0
     assert "does not fit" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs/gpu").glob("*.yaml")), ids=lambda p: p.name)
+def test_gpu_recipes_fit_the_node_they_describe(path):
+    from cluster.cli import main
+
+    assert main(["train", "--config", str(path), "--dry-run", "--resources", "CPU=96,GPU=8",
+                 "--gpu-memory-gib", "80"]) == 0
