@@ -155,15 +155,13 @@ class GeneratorActor:
                 raise ValueError(f"{self.name}: a group of {group_size} episodes needs that many "
                                  f"{key} replicas, the pool has {cap}; raise "
                                  "env.replicas_per_actor or env.num_actors")
-            for wave, n in zip(waves, used):
-                if n.get(key, 0) + group_size <= cap:
-                    break
-            else:
-                wave, n = [], {}
-                waves.append(wave)
-                used.append(n)
-            wave.append(task)
-            n[key] = n.get(key, 0) + group_size
+            k = next((i for i, n in enumerate(used) if n.get(key, 0) + group_size <= cap), None)
+            if k is None:  # no wave has room for this group: open one
+                waves.append([])
+                used.append({})
+                k = len(waves) - 1
+            waves[k].append(task)
+            used[k][key] = used[k].get(key, 0) + group_size
         return waves
 
     def _wave(self, tasks: Sequence[Task], group_size: int, step: int, version: int,

@@ -152,7 +152,8 @@ def main() -> None:
     (out / "results.md").write_text(
         f"# {args.config}: base vs BC vs BC+RL\n\n`{command}`\n\nAccuracy at {args.max_turns} "
         f"turns on {args.tasks} tasks per split, mean ± std over seeds {args.seeds}; recipe "
-        f"wall time per seed {statistics.fmean(walls):.0f} s (2 cores; resumed seeds left out).\n\n{text}\n")
+        f"wall time per seed {statistics.fmean(walls):.0f} s (2 cores; resumed seeds left "
+        f"out).\n\n{text}\n")
     print(text)
 
 

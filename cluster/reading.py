@@ -117,7 +117,7 @@ def reading_tasks(pool: list[str], *, count: int, seed: int) -> list[ReadingTask
         raise ValueError(f"reading tasks need at least 4 observation lines, got {len(pool)}")
     rng = random.Random(seed)
     out: list[ReadingTask] = []
-    for attempt in range(count * 20):  # `find` may draw lines without a unique word: retry
+    for _ in range(count * 20):  # `find` may draw lines without a unique word: retry
         if len(out) == count:
             break
         task = _MAKERS[KINDS[len(out) % len(KINDS)]](rng, pool)

@@ -74,7 +74,8 @@ def test_dry_run_says_what_does_not_fit(capsys):
     assert "does not fit" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs/gpu").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "configs/gpu").glob("*.yaml")),
+                         ids=lambda p: p.name)
 def test_gpu_recipes_fit_the_node_they_describe(path):
     from cluster.cli import main
 
