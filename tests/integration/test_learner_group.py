@@ -151,9 +151,9 @@ def test_zero_stage_matches_torch_reference(ray_local, batches, tiny_model_path,
     assert max(got) - min(got) > 1e-4  # the updates changed something
 
 
-@pytest.mark.parametrize("kw,tol", [({"gradient_checkpointing": True}, LOSS_TOL),
-                                    ({"dtype": "bf16"}, BF16_LOSS_TOL)],
-                         ids=["checkpointing", "bf16"])
+@pytest.mark.parametrize("kw,tol", [
+    pytest.param({"gradient_checkpointing": True}, LOSS_TOL, marks=pytest.mark.slow),
+    ({"dtype": "bf16"}, BF16_LOSS_TOL)], ids=["checkpointing", "bf16"])
 def test_precision_and_checkpointing_match_the_fp32_reference(ray_local, batches,
                                                                tiny_model_path, tokenizer, kw,
                                                                tol):
