@@ -1,0 +1,74 @@
+"""The embedded default trained in each precision: does it still learn, and how fast is it?
+
+    .venv/bin/python bench/precision.py --out docs/precision/default-run.json
+
+Runs `horizonrl train --config configs/babyai-local.yaml` (the embedded default) once per
+setting, same seed, in turn: learner fp32 + vLLM float32 (today's default), learner bf16 +
+vLLM float32, learner bf16 + vLLM bfloat16. Records each run's success curve, wall time and
+seconds per phase from its metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = {
+    "fp32": ["learner.dtype=fp32", "generator.dtype=float32"],
+    "bf16 learner": ["learner.dtype=bf16", "generator.dtype=float32"],
+    "bf16 learner + vLLM": ["learner.dtype=bf16", "generator.dtype=bfloat16"],
+}
+
+
+def run(name: str, overrides: list[str], *, config: str, root: Path, extra: list[str]) -> dict:
+    t0 = time.perf_counter()
+    log = root / f"{name.replace(' ', '_').replace('+', '')}.log"
+    with log.open("w") as f:
+        subprocess.run([sys.executable, "-m", "cluster.cli", "train", "--config", config,
+                        f"run_root={root / 'runs' / name.replace(' ', '_')}", "metrics.port=0",
+                        *overrides, *extra], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                       check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wall = time.perf_counter() - t0
+    (run_dir,) = (root / "runs" / name.replace(" ", "_")).iterdir()
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    success = [round(m["success_rate"], 4) for m in metrics]
+    fifth = max(1, len(success) // 5)
+    return {"overrides": overrides, "wall_seconds": round(wall, 1), "success": success,
+            "success_first_fifth": round(statistics.fmean(success[:fifth]), 4),
+            "success_last_fifth": round(statistics.fmean(success[-fifth:]), 4),
+            "seconds_learn_mean": round(statistics.fmean(m["seconds/learn"] for m in metrics), 3),
+            "seconds_generate_mean": round(statistics.fmean(m["seconds/generate"]
+                                                            for m in metrics), 3),
+            "seconds_iteration_mean": round(statistics.fmean(m["seconds/iteration"]
+                                                             for m in metrics), 3)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--config", default="configs/babyai-local.yaml")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--out", required=True)
+    p.add_argument("overrides", nargs="*", help="dotted overrides for every run")
+    args = p.parse_args()
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.settings:
+            rows[name] = run(name, SETTINGS[name], config=args.config, root=Path(tmp),
+                             extra=args.overrides)
+            print(name, {k: v for k, v in rows[name].items() if k != "success"}, flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "command": " ".join(["python bench/precision.py", *sys.argv[1:]]),
+        "config": args.config, "runs": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""What the RL phase of training runs did, from their metrics.jsonl: how many GRPO groups per
+step carried a learning signal, and how success and invalid actions moved.
+
+    .venv/bin/python bench/run_summary.py runs/long-horizon-tc/seed*/* \
+        --out docs/long-horizon/textcraft/training.json
+
+Per run: steps; groups kept per step (those whose rewards differ; the others have advantage 0
+and are dropped), mean and the number of steps with none; success and invalid-action rate over
+the first and last `--window` steps; per env label, success over the same windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def summarise(run: Path, window: int) -> dict:
+    ms = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    if not ms:
+        raise SystemExit(f"{run}: no metrics yet")
+
+    def mean(key: str, rows: list[dict]) -> float:
+        vals = [m[key] for m in rows if key in m]
+        return round(statistics.fmean(vals), 4) if vals else float("nan")
+
+    first, last = ms[:window], ms[-window:]
+    kept = [m.get("learner/groups_kept", 0.0) for m in ms]
+    envs = sorted({k.split("/")[1] for m in ms for k in m if k.startswith("env/")
+                   and k.endswith("/success_rate")})
+    return {
+        "run": str(run), "steps": len(ms),
+        "groups_kept_mean": round(statistics.fmean(kept), 3),
+        "steps_without_signal": sum(k == 0 for k in kept),
+        "success": [mean("success_rate", first), mean("success_rate", last)],
+        "invalid_action_rate": [mean("invalid_action_rate", first),
+                                mean("invalid_action_rate", last)],
+        "env_success": {e: [mean(f"env/{e}/success_rate", first),
+                            mean(f"env/{e}/success_rate", last)] for e in envs},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("runs", nargs="+", help="run directories")
+    p.add_argument("--window", type=int, default=5, help="first and last steps compared")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    rows = [summarise(Path(r), args.window) for r in args.runs]
+    for r in rows:
+        print(json.dumps({k: v for k, v in r.items() if k != "env_success"}), flush=True)
+    Path(args.out).write_text(json.dumps({
+        "command": " ".join(["python bench/run_summary.py", *sys.argv[1:]]),
+        "window": args.window, "runs": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
