@@ -1,8 +1,13 @@
-"""GPU check of the broadcast weight sync: a real LearnerGroup and a real vLLM GeneratorActor on
-CUDA; after each learner update a push, then the generator's logprobs must equal the learner's.
-Prints one PASS/FAIL line per check and exits 1 on any FAIL.
+"""Every GPU path in one script: PASS/FAIL per check, SKIP (by name) for the GPU parts on a
+machine without CUDA, a JSON summary last; exit 1 on any FAIL.
 
-    python bench/gpu_check.py [--tol 1e-4] [--bucket-mb 1]
+    python bench/gpu_check.py [--tol 1e-4] [--bucket-mb 1] [--only NAME ...] [--json PATH]
+
+Paths: `learner-bf16-zero2` and `learner-bf16-zero3` (2 learner ranks in bf16 against the same
+ranks in fp32 on the same batch: losses within bf16 rounding; on CPU when there is no GPU),
+`weight-sync` (GPU: a real LearnerGroup and a real vLLM GeneratorActor on CUDA; after each
+learner update a push, then the generator's logprobs must equal the learner's), and
+`training-run` (GPU: 5 iterations of `horizonrl train --config configs/babyai-gpu.yaml`).
 
 Layout: with two or more GPUs the learner and the generator get GPUs of their own and the weight
 group must use NCCL. With one GPU everything shares it; NCCL refuses two members of one
@@ -140,20 +145,55 @@ def report(checks: list[PushCheck], *, tol: float, expect_backend: str) -> bool:
     return ok
 
 
-def main() -> int:
-    import torch
+# bf16 logits move each token's logprob by ~1e-2 on this near-uniform model, so the ratios,
+# and a GRPO loss that averages ratio x advantage (|A| ~ 1), move by as much (measured on
+# CPU: 6.6e-3 on losses of 0.02-0.06; tests/integration/test_learner_group.py's toy batch of a
+# pre-trained model: 3e-4).
+BF16_LOSS_TOL = 2e-2
 
+
+def learner_precision(model: Path, *, stage: int, cuda: bool) -> list[tuple[bool, str]]:
+    """2 ranks in bf16 vs fp32 on one synthetic batch, 3 updates each: the losses agree within
+    bf16 rounding and bf16 really ran (they are not identical)."""
+    from actors.chat import load_tokenizer
+    from bench.learner import synthetic_trajectories, with_behaviour_logprobs
+    from learner.group import LearnerGroup
+
+    pad = load_tokenizer(model).pad_token_id
+    trajs = with_behaviour_logprobs(synthetic_trajectories(n=16, tokens=200, group_size=4,
+                                                           vocab=300, seed=0), model, pad_id=pad)
+    losses = {}
+    for dtype in ("fp32", "bf16"):
+        cfg = LearnerConfig(world_size=2, zero_stage=stage, dtype=dtype, kl_coef=0.01,
+                            minibatches=1, num_gpus_per_worker=1.0 if cuda else 0.0)
+        group = LearnerGroup(cfg, model_path=str(model), pad_id=pad, seed=0)
+        try:
+            losses[dtype] = [group.train(trajs)["loss"] for _ in range(3)]
+        finally:
+            group.shutdown()
+    diff = max(abs(a - b) for a, b in zip(losses["fp32"], losses["bf16"]))
+    scale = max(abs(x) for x in losses["fp32"])
+    where = "CUDA" if cuda else "CPU"
+    return [(diff < BF16_LOSS_TOL, f"ZeRO-{stage} bf16 vs fp32 on {where}: max |loss diff| "
+             f"{diff:.2e} (tolerance {BF16_LOSS_TOL:.0e}; fp32 losses up to {scale:.3f})"),
+            (diff > 0, f"ZeRO-{stage} bf16 ran in bf16 (losses differ from fp32: {diff:.2e})")]
+
+
+def training_run(tmp: Path) -> list[tuple[bool, str]]:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-gpu.yaml",
+           "iterations=5", f"run_root={tmp / 'runs'}", "metrics.port=0"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+    return [(proc.returncode == 0, f"5 iterations of configs/babyai-gpu.yaml: exit "
+             f"{proc.returncode} ({tail[0][:160]})")]
+
+
+def weight_sync(model: Path, args: argparse.Namespace, gpus: int) -> list[tuple[bool, str]]:
     from cluster.config import RayConfig
     from cluster.runtime import ray_session
-    from cluster.tiny_model import build_tiny_model
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tol", type=float, default=1e-4, help="logprob tolerance")
-    ap.add_argument("--bucket-mb", type=float, default=1.0, help="learner.weight_bucket_mb")
-    args = ap.parse_args()
-    gpus = torch.cuda.device_count()
-    if not _line(gpus > 0, f"CUDA devices: {gpus}"):
-        return 1
     if gpus >= 2:  # learner ranks and the generator each on a GPU of their own: NCCL
         world, learner_gpus, gen_gpus, expect = min(2, gpus - 1), 1.0, 1.0, "nccl"
     else:  # one shared GPU: one learner rank, and the weight group falls back to gloo
@@ -165,17 +205,62 @@ def main() -> int:
                                 minibatches=1, weight_sync="broadcast",
                                 weight_bucket_mb=args.bucket_mb)
     generator_cfg = GeneratorConfig(num_gpus=gen_gpus, num_cpus=1, max_context_tokens=256)
+    with ray_session(RayConfig(num_cpus=8)):
+        checks = weight_sync_flow(model, learner_cfg=learner_cfg, generator_cfg=generator_cfg,
+                                  timeout_s=120.0)
+    return [(report(checks, tol=args.tol, expect_backend=expect), "every push above")]
+
+
+def main() -> int:
+    import json
+
+    import torch
+
+    from cluster.config import RayConfig
+    from cluster.runtime import ray_session
+    from cluster.tiny_model import build_tiny_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tol", type=float, default=1e-4, help="logprob tolerance")
+    ap.add_argument("--bucket-mb", type=float, default=1.0, help="learner.weight_bucket_mb")
+    ap.add_argument("--only", nargs="+", help="run only these checks")
+    ap.add_argument("--json", help="also write the summary here")
+    args = ap.parse_args()
+    gpus = torch.cuda.device_count()
+    print(f"CUDA devices: {gpus}", flush=True)
+    summary: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="horizonrl-gpu-check-") as tmp:
         model = build_tiny_model(Path(tmp) / "tiny", transcripts=300, pretrain_steps=4,
                                  batch_size=8, seed=0)
-        with ray_session(RayConfig(num_cpus=8)):
+
+        def learner_check(stage: int) -> list[tuple[bool, str]]:
+            with ray_session(RayConfig(num_cpus=8)):  # a local Ray sees this machine's GPUs
+                return learner_precision(model, stage=stage, cuda=gpus >= 2)
+
+        checks = [
+            ("learner-bf16-zero2", False, lambda: learner_check(2)),
+            ("learner-bf16-zero3", False, lambda: learner_check(3)),
+            ("weight-sync", True, lambda: weight_sync(model, args, gpus)),
+            ("training-run", True, lambda: training_run(Path(tmp))),
+        ]
+        for name, needs_gpu, run in checks:
+            if args.only and name not in args.only:
+                continue
+            if needs_gpu and not gpus:
+                print(f"SKIP {name}: no CUDA device", flush=True)
+                summary[name] = "skip"
+                continue
             try:
-                checks = weight_sync_flow(model, learner_cfg=learner_cfg,
-                                          generator_cfg=generator_cfg, timeout_s=120.0)
+                lines = run()
             except Exception as e:  # a FAIL line, not a traceback alone, for whoever reads it
-                _line(False, f"flow raised {type(e).__name__}: {e}")
-                raise
-    return 0 if report(checks, tol=args.tol, expect_backend=expect) else 1
+                lines = [(False, f"raised {type(e).__name__}: {e}")]
+            ok = all([_line(good, f"{name}: {text}") for good, text in lines])
+            summary[name] = "pass" if ok else "fail"
+    print(json.dumps({"cuda_devices": gpus, "checks": summary}), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cuda_devices": gpus, "checks": summary},
+                                              indent=1))
+    return 1 if "fail" in summary.values() else 0
 
 
 if __name__ == "__main__":
