@@ -48,13 +48,13 @@ class GeneratorConfig(BaseModel):
         "malloc_trim, ~10 ms): keeps a long run's generator RSS flat. No-op off glibc.",
     )
 
-
     @model_validator(mode="after")
     def _parallel_fits(self) -> GeneratorConfig:
         if self.tensor_parallel_size > 1 and self.num_gpus < self.tensor_parallel_size:
             raise ValueError(f"generator.tensor_parallel_size ({self.tensor_parallel_size}) "
                              f"needs generator.num_gpus >= it (got {self.num_gpus})")
         return self
+
 
 class CurriculumConfig(BaseModel):
     """ScalingInter-RL: the max interaction turns (horizon) as a function of training step."""

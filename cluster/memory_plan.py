@@ -39,7 +39,12 @@ class ModelShape:
     def from_config(cls, path: str | Path) -> ModelShape:
         """From a model folder or its config.json."""
         path = Path(path)
-        cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+        return cls.from_dict(json.loads((path / "config.json" if path.is_dir() else path)
+                                        .read_text()))
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> ModelShape:
+        """From an HF config as a dict."""
         return cls(vocab=cfg["vocab_size"], hidden=cfg["hidden_size"],
                    intermediate=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
                    heads=cfg["num_attention_heads"],
@@ -113,9 +118,10 @@ def kv_cache_bytes(shape: ModelShape, *, tokens: int, dtype: str) -> float:
 
 def memory_plan(shape: ModelShape, *, zero_stage: int, world_size: int, dtype: str,
                 micro_batch_tokens: int, checkpointing: bool, kl_coef: float,
-                generator_dtype: str, context_tokens: int, episodes_in_flight: int,
+                generator_dtype: str, context_tokens: int,
                 gpu_memory_utilization: float = 0.9) -> list[RolePlan]:
-    """GiB per GPU of a learner rank and of a generator engine."""
+    """GiB per GPU of a learner rank and of a generator engine (weights plus the KV cache of
+    one sequence at full context, the least vLLM starts with)."""
     params = shape.params()
     learner = model_states_bytes(params, zero_stage=zero_stage, world_size=world_size,
                                  dtype=dtype, largest_layer=max(shape.layer_params(),
@@ -125,8 +131,7 @@ def memory_plan(shape: ModelShape, *, zero_stage: int, world_size: int, dtype: s
     learner.update(activation_bytes(shape, tokens=micro_batch_tokens, dtype=dtype,
                                     checkpointing=checkpointing))
     generator = {"weights": _BYTES[generator_dtype] * params,
-                 "kv_cache": kv_cache_bytes(shape, tokens=context_tokens * episodes_in_flight,
-                                            dtype=generator_dtype)}
+                 "kv_cache": kv_cache_bytes(shape, tokens=context_tokens, dtype=generator_dtype)}
     return [RolePlan("learner rank", {k: v / GIB for k, v in learner.items()}),
             RolePlan("generator", {k: v / GIB for k, v in generator.items()},
                      share=gpu_memory_utilization)]

@@ -56,14 +56,14 @@ def model_shape(cfg: RunConfig):
 
     from cluster.config import TINY_PRESETS
     from cluster.memory_plan import ModelShape
+    from cluster.tiny_model import tiny_qwen2_config
 
     if cfg.model.path is not None:
         return ModelShape.from_config(Path(cfg.model.path))
-    tiny = cfg.model.tiny
+    tiny = cfg.model.tiny  # its vocabulary is at most vocab_size entries
     hidden, layers = TINY_PRESETS[tiny.preset] if tiny.preset else (tiny.hidden_size,
                                                                      tiny.num_layers)
-    return ModelShape(vocab=64 * -(-tiny.vocab_size // 64), hidden=hidden,
-                      intermediate=3 * hidden, layers=layers, heads=4, kv_heads=2, tied=True)
+    return ModelShape.from_dict(tiny_qwen2_config(tiny.vocab_size, hidden, layers).to_dict())
 
 
 def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
@@ -79,7 +79,7 @@ def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
         shape, zero_stage=learner.zero_stage, world_size=learner.world_size, dtype=learner.dtype,
         micro_batch_tokens=tokens, checkpointing=learner.gradient_checkpointing,
         kl_coef=learner.kl_coef, generator_dtype=g.dtype, context_tokens=g.max_context_tokens,
-        episodes_in_flight=1, gpu_memory_utilization=g.gpu_memory_utilization)
+        gpu_memory_utilization=g.gpu_memory_utilization)
     n = shape.params()
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
     print(f"memory plan per GPU ({size} parameters; learner micro-batch "

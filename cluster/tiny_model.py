@@ -160,6 +160,25 @@ def pretrain(model, sequences: list[tuple[list[int], list[int]]], *, steps: int,
     return losses
 
 
+def tiny_qwen2_config(vocab: int, hidden_size: int, num_layers: int):
+    """The locally built model's architecture (also what `--dry-run` plans memory for)."""
+    from transformers import Qwen2Config
+
+    from cluster.config import TINY_MAX_POSITIONS
+
+    return Qwen2Config(
+        vocab_size=64 * math.ceil(vocab / 64),  # padded to a multiple of 64
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=TINY_MAX_POSITIONS,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+    )
+
+
 def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: dict | None = None,
                      vocab_size: int = 1024, hidden_size: int = 128, num_layers: int = 2,
                      transcripts: int = 6000, max_turns: int = 6, pretrain_steps: int = 600,
@@ -169,9 +188,9 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
     """Build tokenizer + Qwen2 model at `out` (a `save_pretrained` folder) and return the path.
     `preset` (see cluster.config.TINY_PRESETS) overrides hidden_size and num_layers; `reading`
     synthetic reading tasks (cluster.reading) are mixed into the pre-training sequences."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    from cluster.config import TINY_MAX_POSITIONS, TINY_PRESETS
+    from cluster.config import TINY_PRESETS
 
     if preset is not None:
         hidden_size, num_layers = TINY_PRESETS[preset]
@@ -192,20 +211,9 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
         pool = observation_lines(episodes)
         sequences += [reading_ids(chat, t) for t in reading_tasks(pool, count=reading, seed=seed)]
         probe = probe_tasks(pool, seed)
-    config = Qwen2Config(
-        vocab_size=64 * math.ceil(len(tokenizer) / 64),  # padded to a multiple of 64
-        hidden_size=hidden_size,
-        intermediate_size=3 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=TINY_MAX_POSITIONS,
-        tie_word_embeddings=True,
-        eos_token_id=chat.im_end_id,
-        pad_token_id=chat.pad_id,
-        bos_token_id=None,
-        torch_dtype="float32",
-    )
+    config = tiny_qwen2_config(len(tokenizer), hidden_size, num_layers)
+    config.update({"eos_token_id": chat.im_end_id, "pad_token_id": chat.pad_id,
+                   "bos_token_id": None})
     model = Qwen2ForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     mean_len = sum(len(s) for s, _ in sequences) / len(sequences)
@@ -215,7 +223,8 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
                       pad_id=chat.pad_id, seed=seed)
     accuracy = reading_accuracy(model, chat, probe) if probe else None
     if accuracy:
-        print(f"[make-tiny-model] reading probe (exact match): {accuracy}", flush=True)
+        print(f"[make-tiny-model] reading probe (exact match and token accuracy per kind): "
+              f"{accuracy}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = chat.im_end_id
     model.save_pretrained(out)

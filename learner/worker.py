@@ -83,8 +83,6 @@ class LearnerWorker:
         self.model_path, self.ref_model_path, self.seed = model_path, ref_model_path, seed
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)
-        if not torch.cuda.is_available():
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it rather than be warned
         self.updates = 0
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -110,7 +108,7 @@ class LearnerWorker:
         _, ordinal = self.assigned_gpu()
         use_gpu = ordinal is not None and torch.cuda.is_available()
         if not use_gpu:
-            os.environ["DS_ACCELERATOR"] = "cpu"
+            os.environ["DS_ACCELERATOR"] = "cpu"  # say it rather than be warned
         else:
             torch.cuda.set_device(ordinal)
         # DeepSpeed places the engine on cuda:LOCAL_RANK: the ordinal Ray's assignment gives.
