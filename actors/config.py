@@ -8,6 +8,23 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class ContextConfig(BaseModel):
+    """What the model sees each turn: the whole episode, or a window of the latest turns."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["full", "window"] = Field(
+        "full", description="full: every turn's prompt is the whole conversation so far (one "
+        "training row per episode; the episode ends `truncated` when the next turn would not "
+        "fit max_context_tokens). window: the system prompt, the task (first observation) and "
+        "the last keep_turns turns, sliced from the ids already sampled and observed; one "
+        "training row per turn, so cost grows linearly with the turns.")
+    keep_turns: int = Field(
+        4, ge=1, description="window: earlier turns (each the model's reply and the "
+        "observation that answered it) kept in the prompt; fewer when they would not fit "
+        "max_context_tokens. At least the horizon: the same prompts as full mode.")
+
+
 class GeneratorConfig(BaseModel):
     """Rollout: vLLM generator actors running the multi-turn agent loop."""
 
@@ -28,6 +45,11 @@ class GeneratorConfig(BaseModel):
         2048, ge=64, description="vLLM max_model_len; an episode that would exceed it is "
         "truncated before the next turn.",
     )
+    context: ContextConfig = Field(default_factory=ContextConfig,
+                                   description="Full or window context per turn.")
+    prefix_caching: bool = Field(
+        True, description="vLLM automatic prefix caching: a turn's prompt reuses the KV blocks "
+        "of the previous turn's (full mode) or of the shared system prompt and task (window).")
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on CPU.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Engine dtype: float32 on AVX2 CPUs (bf16 is 2x slower there); "

@@ -20,7 +20,8 @@ class VLLMEngine:
     def __init__(self, model_path: str, *, seed: int, max_model_len: int, stop_token_ids: list[int],
                  kv_cache_gib: int = 1, dtype: str = "float32",
                  max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9,
-                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None) -> None:
+                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None,
+                 prefix_caching: bool = True) -> None:
         # In-process engine core: 5-12 s start instead of 33-43 s, and in-memory reloads work.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
@@ -33,11 +34,12 @@ class VLLMEngine:
             enforce_eager = not torch.cuda.is_available()
 
         self.stop_token_ids = list(stop_token_ids)
+        self.prefix_caching = prefix_caching
         self.llm = LLM(
             model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
             enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
-            max_num_seqs=max_num_seqs, enable_prefix_caching=True,
+            max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching,
             use_tqdm_on_load=False,  # a progress bar on every weight reload is noise
             # Room for a whole lock-step turn's prefill in one engine step.
             max_num_batched_tokens=max(8192, max_model_len),
@@ -60,7 +62,8 @@ class VLLMEngine:
             o = out.outputs[0]
             ids = tuple(o.token_ids)
             lps = tuple(float(step[t].logprob) for t, step in zip(ids, o.logprobs))
-            result.append(Completion(ids, lps, "stop" if o.finish_reason == "stop" else "length"))
+            result.append(Completion(ids, lps, "stop" if o.finish_reason == "stop" else "length",
+                                     cached_tokens=int(out.num_cached_tokens or 0)))
         return result
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -81,8 +84,8 @@ class VLLMEngine:
     def load_weights(self, weights_dir: str | Path) -> None:
         """Reload every parameter from a safetensors folder (full HF state dict incl. lm_head)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
-        # Cached KV blocks were computed with the old weights.
-        self.llm.reset_prefix_cache()
+        if self.prefix_caching:  # cached KV blocks were computed with the old weights
+            self.llm.reset_prefix_cache()
 
     # -- broadcast weight sync (actors.weight_receiver; one worker per engine) -----------------
     def weight_device(self) -> str | None:
@@ -99,7 +102,8 @@ class VLLMEngine:
     def receive_weights(self, buckets: Sequence[Any]) -> int:
         """Receive one broadcast push (`weight_receiver.Bucket`s) into the model; returns bytes."""
         nbytes = self.llm.collective_rpc("receive_weight_buckets", args=(list(buckets),))[0]
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if self.prefix_caching:  # cached KV blocks were computed with the old weights
+            self.llm.reset_prefix_cache()
         return int(nbytes)
 
     def leave_weight_group(self) -> None:

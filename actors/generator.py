@@ -61,7 +61,8 @@ class GeneratorActor:
                                 kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype,
                                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                                 tensor_parallel_size=cfg.tensor_parallel_size,
-                                enforce_eager=cfg.enforce_eager)
+                                enforce_eager=cfg.enforce_eager,
+                                prefix_caching=cfg.prefix_caching)
         self.engine = engine
         self.sender = TrajectorySender(ingest_address, deadline_s=cfg.send_deadline_s,
                                        auth_token=ingest_token, tls_ca_path=ingest_tls_ca)
@@ -70,6 +71,7 @@ class GeneratorActor:
         self.horizon: int | None = None
         self.env_horizons: dict[str, int] = {}
         self.horizon_version = -1
+        self._context_warned = False
         self._weights_dir = tempfile.mkdtemp(prefix=f"horizonrl-{name}-weights-")
         for pool in self.pools.values():
             pool.wait_ready()
@@ -128,7 +130,7 @@ class GeneratorActor:
         for pool in self.pools.values():  # replace env actors that died since the last rollout
             pool.heal()
         timing = {"generate": 0.0, "env": 0.0, "transport": 0.0}
-        counts = {"generated_tokens": 0, "env_steps": 0}
+        counts = {"generated_tokens": 0, "env_steps": 0, "prompt_tokens": 0, "cached_tokens": 0}
         sent: list[str] = []
         try:
             for wave in self._waves(tasks, group_size):
@@ -178,7 +180,9 @@ class GeneratorActor:
                     parse_action=spec.parse_action,
                     horizon=per_env.get(task.env or self.default_env, horizon),
                     max_context_tokens=self.cfg.max_context_tokens,
-                    max_tokens_per_turn=self.cfg.max_tokens_per_turn))
+                    max_tokens_per_turn=self.cfg.max_tokens_per_turn,
+                    keep_turns=self.cfg.context.keep_turns
+                    if self.cfg.context.mode == "window" else None))
                 meta.append((task, k))
         envs = [task.env or self.default_env for task, _ in meta]
         slots: list[Any] = [None] * len(loops)
@@ -226,9 +230,11 @@ class GeneratorActor:
               timing: dict[str, float], counts: dict[str, int]) -> None:
         """One lock-step turn for the live episodes: batched generate, then batched env step."""
         t0 = time.perf_counter()
-        completions = self.engine.generate(
-            [loops[i].context_ids for i in live], max_tokens=self.cfg.max_tokens_per_turn,
-            temperature=self.cfg.temperature)
+        prompts = [loops[i].context_ids for i in live]
+        completions = self.engine.generate(prompts, max_tokens=self.cfg.max_tokens_per_turn,
+                                           temperature=self.cfg.temperature)
+        counts["prompt_tokens"] += sum(map(len, prompts))
+        counts["cached_tokens"] += sum(c.cached_tokens for c in completions)
         actions = [loops[i].add_model_turn(c) for i, c in zip(live, completions)]
         counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)
         t1 = time.perf_counter()
@@ -256,6 +262,11 @@ class GeneratorActor:
                 group_id=task.group or f"s{step}-{task.task_id}", task_id=task.task_id,
                 env_name=task.env or self.default_env, policy_version=version,
                 info={"generator": self.name, "seed": task.seed}))
+        errors = [t.info["context_error"] for t in trajs if "context_error" in t.info]
+        if errors and not self._context_warned:  # once per generator: it repeats every step
+            self._context_warned = True
+            print(f"[horizonrl] {self.name}: an episode ended because {errors[0]}; raise "
+                  "generator.max_context_tokens or lower max_tokens_per_turn", flush=True)
         t0 = time.perf_counter()
         self.sender.send(trajs)
         timing["transport"] += time.perf_counter() - t0

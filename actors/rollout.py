@@ -4,6 +4,10 @@ observation -> prompt ids -> model completion (exact sampled ids + logprobs) -> 
 environment step -> observation ids appended -> ... until the env ends the episode, the horizon is
 reached or the context is full. The generator drives many of these in lock-step; a single episode
 can be run with `run_episode` for tests and scripts.
+
+With `keep_turns` set (window context) the episode is still recorded whole, but each turn is
+sampled from the system prompt and task plus only the latest turns, sliced from the same ids, and
+the turn's span is recorded so the learner can rebuild exactly that prompt as a training row.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ class Completion:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" (ended on a stop token) or "length"
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served (not recomputed)
+
+
+class ContextOverflow(ValueError):
+    """Not even one turn fits the context: a configuration problem, not a model failure."""
 
 
 class Engine(Protocol):
@@ -39,15 +48,19 @@ class AgentLoop:
     """One episode's conversation, kept as token ids with a mask and behaviour logprobs."""
 
     def __init__(self, *, chat: ChatFormat, system_prompt: str, parse_action: Callable[[str], str],
-                 horizon: int, max_context_tokens: int, max_tokens_per_turn: int) -> None:
+                 horizon: int, max_context_tokens: int, max_tokens_per_turn: int,
+                 keep_turns: int | None = None) -> None:
         if horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
+        if keep_turns is not None and keep_turns < 1:
+            raise ValueError(f"keep_turns must be >= 1 (or None: full context), got {keep_turns}")
         self.chat = chat
         self.system_prompt = system_prompt
         self.parse_action = parse_action
         self.horizon = horizon
         self.max_context_tokens = max_context_tokens
         self.max_tokens_per_turn = max_tokens_per_turn
+        self.keep_turns = keep_turns
         self.prompt_ids: list[int] = []
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
@@ -60,6 +73,10 @@ class AgentLoop:
         self.truncated = False
         self.success = False
         self.failure = Failure.NONE
+        self.cut: str | None = None  # "context" or "horizon" when one of them ended the episode
+        self.context_error = ""
+        self.turn_spans: list[tuple[int, int, int]] = []
+        self._window_start = 0  # where the next turn's window begins in response_ids
         self._turn_start = 0.0
 
     # -- state -------------------------------------------------------------------------------
@@ -74,12 +91,18 @@ class AgentLoop:
     @property
     def context_ids(self) -> list[int]:
         """Everything the model conditions on for its next turn."""
-        return self.prompt_ids + self.response_ids
+        return self.prompt_ids + self.response_ids[self._window_start:]
 
     # -- transitions -------------------------------------------------------------------------
     def start(self, observation: str) -> None:
         self.prompt_ids = self.chat.prompt_ids(self.system_prompt, observation)
-        self._check_context()
+        need = len(self.prompt_ids) + self.max_tokens_per_turn
+        if need > self.max_context_tokens:
+            raise ContextOverflow(
+                f"the first turn needs {len(self.prompt_ids)} prompt tokens (system prompt and "
+                f"task) + {self.max_tokens_per_turn} for the reply = {need} > "
+                f"generator.max_context_tokens={self.max_context_tokens}; raise it or lower "
+                "generator.max_tokens_per_turn")
 
     def add_model_turn(self, completion: Completion, *, trainable: bool = True) -> str:
         """Append the sampled ids (mask 1; 0 with `trainable=False`, for a turn that must stay
@@ -91,12 +114,14 @@ class AgentLoop:
         ids, lps = list(completion.token_ids), list(completion.logprobs)
         if len(ids) != len(lps):
             raise ValueError(f"completion has {len(ids)} ids but {len(lps)} logprobs")
+        start = len(self.response_ids)
         self._append(ids, int(trainable), lps)
         end = self.chat.im_end_id
         text_ids = ids[:-1] if ids and ids[-1] == end else ids
         if not ids or ids[-1] != end:
             # Cut by max_tokens: close the turn with a template token the model did not sample.
             self._append([end], 0, [0.0])
+        self.turn_spans.append((self._window_start, start, len(self.response_ids)))
         action = self.parse_action(self.chat.tokenizer.decode(text_ids))
         self.actions.append(action)
         return action
@@ -110,6 +135,8 @@ class AgentLoop:
         self.truncated = bool(result.truncated) or (
             not self.terminated and self.num_turns >= self.horizon
         )
+        if self.truncated and not result.truncated:
+            self.cut = "horizon"
         self.turn_seconds.append(time.perf_counter() - self._turn_start)
         if not self.done:
             self._append(self.chat.observation_ids(result.observation), 0, None)
@@ -126,8 +153,30 @@ class AgentLoop:
 
     def _check_context(self) -> None:
         # Leave room for a full turn; otherwise the episode ends truncated rather than overflowing.
+        if self.keep_turns is not None:
+            self._slide_window()
+        if self.done:
+            return
         if len(self.context_ids) + self.max_tokens_per_turn > self.max_context_tokens:
-            self.truncated = True
+            self.truncated, self.cut = True, "context"
+
+    def _slide_window(self) -> None:
+        """Start the next turn's window at the earliest of the last `keep_turns` turns that
+        still leaves room for a reply; the episode ends cut by the context when not even the
+        newest turn (its reply and the observation that answered it) fits."""
+        budget = self.max_context_tokens - self.max_tokens_per_turn - len(self.prompt_ids)
+        starts = [ts for _, ts, _ in self.turn_spans[-self.keep_turns:]]
+        fits = [s for s in starts if len(self.response_ids) - s <= budget]
+        if fits:
+            self._window_start = fits[0]
+            return
+        newest = len(self.response_ids) - starts[-1]
+        self.truncated, self.cut = True, "context"
+        self.context_error = (
+            f"turn {self.num_turns + 1} does not fit: {len(self.prompt_ids)} prompt tokens "
+            f"(system prompt and task) + {newest} for the newest turn and observation + "
+            f"{self.max_tokens_per_turn} for the reply > generator.max_context_tokens="
+            f"{self.max_context_tokens}")
 
     # -- output ------------------------------------------------------------------------------
     def to_trajectory(self, *, trajectory_id: str, group_id: str, task_id: str, env_name: str,
@@ -142,7 +191,11 @@ class AgentLoop:
             num_turns=self.num_turns, terminated=self.terminated, truncated=self.truncated,
             failure=self.failure, turn_seconds=tuple(self.turn_seconds),
             info={"success": self.success, "invalid_actions": self.invalid_actions,
-                  "actions": list(self.actions), **(info or {})},
+                  "actions": list(self.actions),
+                  **({"cut": self.cut} if self.cut else {}),
+                  **({"context_error": self.context_error} if self.context_error else {}),
+                  **(info or {})},
+            turn_spans=tuple(self.turn_spans) if self.keep_turns is not None else (),
         )
 
 

@@ -225,7 +225,23 @@ class RunConfig(BaseModel):
             if sum(weights) <= 0:
                 raise ValueError(f"curriculum.env_weights: stage {stage} gives every env "
                                  "weight 0")
+        self._window_fits()
         return self
+
+    def _window_fits(self) -> None:
+        """Window-context episodes train one row per turn; the learners that need the whole
+        episode in one row cannot take them."""
+        if self.generator.context.mode != "window":
+            return
+        algo = self.learner.algorithm
+        if algo == "ppo":
+            raise ValueError("generator.context.mode=window does not work with "
+                             "learner.algorithm=ppo: its critic bootstraps values across turns "
+                             "in one row; use grpo, rloo or reinforce_pp, or mode=full")
+        if algo == "rejection_sampling":
+            raise ValueError("generator.context.mode=window does not work with "
+                             "learner.algorithm=rejection_sampling: it fine-tunes on whole "
+                             "episodes, longer than the context; use mode=full")
 
 
 class ConfigError(ValueError):

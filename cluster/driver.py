@@ -42,6 +42,7 @@ from cluster.metrics import MetricsLogger
 from cluster.models import ensure_model
 from cluster.prometheus import PrometheusExporter
 from envpool.pool import EnvPool
+from learner.batch import apply_overlong
 from learner.group import LearnerGroup, groups_with_signal
 from learner.ingest import TrajectoryIngest, is_wildcard
 from learner.weights import make_weight_sync
@@ -178,7 +179,10 @@ class Trainer:
                                  "groups_dropped": float(groups - len(keep))}
 
     def _collect(self, ids: list[str]) -> tuple[list[Trajectory], list[str]]:
-        return collect_trajectories(self.ingest, ids, self.cfg.learner.ingest.collect_timeout_s)
+        got, orphans = collect_trajectories(self.ingest, ids,
+                                            self.cfg.learner.ingest.collect_timeout_s)
+        lc = self.cfg.learner
+        return apply_overlong(got, lc.overlong, lc.overlong_penalty), orphans
 
     def step(self) -> dict[str, Any]:
         """One full iteration; returns (and logs) its metrics."""
@@ -206,6 +210,8 @@ class Trainer:
         secs.update(rollout=t_rollout, learn=t_learn, weight_sync=sync["weight_sync_seconds"],
                     iteration=time.perf_counter() - t_start)
         tokens = sum(o["generated_tokens"] for o in outs)
+        prompt_tokens = sum(o.get("prompt_tokens", 0) for o in outs)
+        cached = sum(o.get("cached_tokens", 0) for o in outs)
         env_steps = sum(o["env_steps"] for o in outs)
         m = {"step": step, "horizon": horizon, "next_horizon": new_horizon,
              "policy_version": self.policy_version, **roll,
@@ -220,6 +226,9 @@ class Trainer:
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),
              "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
+             # Prompt tokens the engine read per step, and the share its prefix cache served.
+             "prompt_tokens": prompt_tokens,
+             "prefix_cache_hit_rate": cached / max(prompt_tokens, 1),
              "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"],
              "weight_sync": {k: v for k, v in sync.items()  # the seconds are in seconds/
                              if k not in ("weight_sync_seconds", "weight_reload_seconds")}}

@@ -77,6 +77,10 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         # Episodes that ran out of turns: what the adaptive curriculum watches.
         "truncated_at_horizon_rate": sum(t.truncated and t.num_turns >= t.horizon
                                          for t in ok) / n,
+        # Episodes the context limit ended (full mode; in window mode only a turn too big for
+        # any window): the horizon the curriculum asks for is capped by these.
+        "cut_by_context_rate": sum(t.cut == "context" for t in ok) / n,
+        "rows_per_episode": sum(t.rows for t in ok) / n,
         "repeated_action_rate": repeated_action_rate(ok),
         "failed_episodes": float(len(trajs) - len(ok)),
         "max_turns": float(max((t.num_turns for t in trajs), default=0)),

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 REASONS = ("env_error", "timeout", "generator_lost", "zero_variance", "stale", "update_skipped",
-           "not_selected", "in_flight")
+           "not_selected", "in_flight", "overlong")
 
 
 class Ledger:

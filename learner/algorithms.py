@@ -101,7 +101,8 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
 
 
-def aggregate(loss_per_token: Tensor, mask: Tensor, mode: str) -> Tensor:
+def aggregate(loss_per_token: Tensor, mask: Tensor, mode: str, *,
+              row_scale: Tensor | None = None, row_share: Tensor | None = None) -> Tensor:
     """Reduce a `[B, T]` per-token loss to a scalar over `mask`.
 
     "token-mean": sum(l * m) / sum(m), every model token weighs the same.
@@ -109,20 +110,26 @@ def aggregate(loss_per_token: Tensor, mask: Tensor, mode: str) -> Tensor:
     "seq-mean-token-sum": mean over rows of sum_t l*m (long rows weigh more; Dr.GRPO-style).
     Rows with an empty mask are skipped by both seq-mean modes, so padding rows do not dilute
     the mean; 0 when no row has a model token.
+
+    Per-turn rows of window-context episodes (learner.batch.turn_rows) pass `row_scale` (in
+    place of 1 / the row's tokens) and `row_share` (the row's share of its episode, summing to
+    1 over the episode): the seq-mean modes then average over episodes rather than rows.
     """
     if mode == "token-mean":
         return masked_mean(loss_per_token, mask)
     row_tokens = mask.sum(-1)
     row_sum = (loss_per_token * mask).sum(-1)
-    has_tokens = (row_tokens > 0).float()
+    if row_share is None:
+        row_share = (row_tokens > 0).float()
     if mode == "seq-mean-token-mean":
-        per_row = row_sum / row_tokens.clamp_min(1)
+        per_row = row_sum * (row_scale if row_scale is not None else
+                             1.0 / row_tokens.clamp_min(1))
     elif mode == "seq-mean-token-sum":
         per_row = row_sum
     else:
         raise ValueError(f"unknown aggregation {mode!r}; use token-mean, seq-mean-token-mean "
                          "or seq-mean-token-sum")
-    return masked_mean(per_row, has_tokens)
+    return per_row.sum() / row_share.sum().clamp_min(1e-9)
 
 
 def rloo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor) -> Tensor:

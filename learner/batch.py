@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -16,8 +17,34 @@ def group_index(trajs: Sequence[Trajectory]) -> np.ndarray:
 
 
 def valid_mask(trajs: Sequence[Trajectory]) -> np.ndarray:
-    """True for episodes without an infrastructure failure (they enter group statistics)."""
-    return np.array([t.failure is Failure.NONE for t in trajs], dtype=bool)
+    """True for episodes without an infrastructure failure that are not masked as over-long
+    (`apply_overlong`): they enter group statistics and the loss."""
+    return np.array([t.failure is Failure.NONE and not t.info.get("overlong_masked")
+                     for t in trajs], dtype=bool)
+
+
+def apply_overlong(trajs: Sequence[Trajectory], mode: str, penalty: float) -> list[Trajectory]:
+    """`learner.overlong` on episodes cut by the context limit or the horizon (`t.cut`).
+
+    train: unchanged. mask: flagged `overlong_masked` (out of the loss and of their group's
+    statistics; the ledger's reason is `overlong`). penalty: reward - `penalty`, the env's
+    reward kept in info["env_reward"]. Applied once, where the driver collects a step's
+    trajectories, so dynamic sampling, advantages and the ledger all see the same rewards.
+    """
+    if mode == "train":
+        return list(trajs)
+    if mode not in ("mask", "penalty"):
+        raise ValueError(f"unknown overlong mode {mode!r}; use train, mask or penalty")
+    out = []
+    for t in trajs:
+        if t.cut is None or t.failure is not Failure.NONE:
+            out.append(t)
+        elif mode == "mask":
+            out.append(replace(t, info={**t.info, "overlong_masked": True}))
+        else:
+            out.append(replace(t, reward=t.reward - penalty,
+                               info={**t.info, "env_reward": t.reward}))
+    return out
 
 
 def pad_batch(trajs: Sequence[Trajectory], advantages: Sequence[float], *,
@@ -48,6 +75,43 @@ def pad_batch(trajs: Sequence[Trajectory], advantages: Sequence[float], *,
             "old_logprobs": old_logprobs, "advantages": adv, "token_rewards": rewards}
 
 
+def turn_rows(trajs: Sequence[Trajectory], batch: dict[str, np.ndarray], *,
+              pad_id: int) -> dict[str, np.ndarray]:
+    """Window-context episodes -> one row per turn, from `pad_batch(trajs, ...)`'s arrays.
+
+    Turn k of an episode with spans (ws, ts, te) becomes the row prompt_ids +
+    response_ids[ws:te]: the exact ids it was sampled from, then its reply. Only the reply's
+    model tokens carry loss; the window's earlier turns are context here and are trained in
+    their own rows, so every model token is trained exactly once, with its episode's
+    advantage. An episode without spans is one row (its whole response).
+
+    Aggregation: `row_scale` (1 / the episode's model tokens) and `row_share` (the row's
+    share of them) make the seq-mean modes average over episodes, not rows, so an episode of
+    30 turns weighs what an episode of 3 does; token-mean needs neither, every token weighs
+    the same. With a window at least as long as the episode, the rows' tokens, logprobs and
+    advantages are the full row's, and every mode gives the full-context loss.
+    """
+    spans = [(b, len(t.prompt_ids), ws, ts, te) for b, t in enumerate(trajs)
+             for ws, ts, te in (t.turn_spans or ((0, 0, len(t.response_ids)),))]
+    width = max(p + te - ws for _, p, ws, _, te in spans)
+    out = {k: np.zeros((len(spans), width), dtype=v.dtype) for k, v in batch.items()}
+    out["input_ids"][:] = pad_id
+    episode_tokens = batch["loss_mask"].sum(1)
+    scale = np.zeros(len(spans), dtype=np.float32)
+    share = np.zeros(len(spans), dtype=np.float32)
+    for r, (b, p, ws, ts, te) in enumerate(spans):
+        out["input_ids"][r, :p] = batch["input_ids"][b, :p]
+        out["input_ids"][r, p:p + te - ws] = batch["input_ids"][b, p + ws:p + te]
+        out["attention_mask"][r, :p + te - ws] = 1
+        turn = slice(p + ts - ws, p + te - ws)
+        for k in ("loss_mask", "old_logprobs", "advantages", "token_rewards"):
+            out[k][r, turn] = batch[k][b, p + ts:p + te]
+        n = max(float(episode_tokens[b]), 1.0)
+        scale[r], share[r] = 1.0 / n, out["loss_mask"][r].sum() / n
+    out["row_scale"], out["row_share"] = scale, share
+    return out
+
+
 def token_rewards(t: Trajectory) -> np.ndarray:
     """Per-token rewards over `response_ids`: turn k's reward on the last model token of turn
     k (the k-th run of response_mask 1s). If the turn count and the runs disagree (a turn cut
@@ -73,7 +137,7 @@ def split_rows(batch: dict[str, np.ndarray], parts: int) -> list[dict[str, np.nd
 def trim(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Drop padding columns that no row uses (a shard's longest row sets its width)."""
     width = int(batch["attention_mask"].sum(1).max())
-    return {k: v[:, :width] for k, v in batch.items()}
+    return {k: v[:, :width] if v.ndim == 2 else v for k, v in batch.items()}
 
 
 def micro_batches(batch: dict[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:

@@ -132,6 +132,13 @@ class LearnerConfig(BaseModel):
     )
     epochs: int = Field(1, ge=1, description="Passes over each batch.")
     minibatches: int = Field(2, ge=1, description="Optimizer steps per epoch (per rank).")
+    overlong: Literal["train", "mask", "penalty"] = Field(
+        "train", description="Episodes cut by the context limit or the horizon (not ended by "
+        "the env): train them with the reward they got (a failure scores like one); mask them "
+        "out of the loss and of their group's statistics (the ledger counts them as "
+        "`overlong`); or subtract overlong_penalty from their reward (a soft length penalty).")
+    overlong_penalty: float = Field(
+        0.5, ge=0, description="overlong=penalty: what a cut episode's reward loses.")
     skip_zero_variance_groups: bool = Field(
         True, description="Drop groups whose rewards are all equal: their advantage is 0."
     )

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from learner import algorithms as alg
-from learner.batch import group_index, pad_batch, split_rows, valid_mask
+from learner.batch import group_index, pad_batch, split_rows, turn_rows, valid_mask
 from learner.config import LearnerConfig
 from learner.worker import LearnerWorker
 from protos.trajectory import Trajectory
@@ -102,11 +102,11 @@ class LearnerGroup:
         for i, t in enumerate(trajs):
             if not valid[i]:
                 reason = "generator_lost" if t.failure.value == "generator_error" else \
-                    t.failure.value
+                    "overlong" if t.failure.value == "none" else t.failure.value
                 out.setdefault(reason, []).append(i)
         chosen, need = self._chosen(trajs)
         keep = set(chosen)
-        skipped = len(chosen) < need
+        skipped = sum(trajs[i].rows for i in chosen) < need
         rest = [i for i in range(len(trajs)) if valid[i] and i not in keep]
         if rest:
             out["not_selected" if self.cfg.algorithm == "rejection_sampling"
@@ -131,18 +131,25 @@ class LearnerGroup:
             return self._rejection_sampling(trajs)
         adv = self.advantages(trajs)
         idx, need = self._chosen(trajs)
-        stats = {"groups_kept": float(len({trajs[i].group_id for i in idx})),
-                 "rows_trained": float(len(idx)), "skipped_update": 0.0}
-        if len(idx) < need:
+        kept = [trajs[i] for i in idx]
+        rows = sum(t.rows for t in kept)  # one per episode, or per turn in window mode
+        stats = {"groups_kept": float(len({t.group_id for t in kept})),
+                 "episodes_trained": float(len(kept)), "rows_trained": float(rows),
+                 "skipped_update": 0.0}
+        if rows < need:
             stats["skipped_update"] = 1.0
             return stats
-        kept = [trajs[i] for i in idx]
         batch = pad_batch(kept, adv[idx], pad_id=self.pad_id)
         if self.cfg.algorithm == "reinforce_pp":
             batch["advantages"] = alg.reinforce_pp_advantages(
                 torch.from_numpy(batch["token_rewards"]), torch.from_numpy(batch["loss_mask"]),
                 gamma=self.cfg.gamma, baseline="group" if self.cfg.reinforce_pp_baseline else None,
                 groups=torch.from_numpy(group_index(kept))).numpy()
+        if any(t.turn_spans for t in kept):
+            # Advantages above are per episode (or per token of the whole episode); each
+            # turn's row takes its tokens' share of them.
+            batch = turn_rows(kept, batch, pad_id=self.pad_id)
+        stats["tokens_trained"] = float(batch["loss_mask"].sum())
         shards = split_rows(batch, self.cfg.world_size)
         results = ray.get([w.train.remote(s) for w, s in zip(self.workers, shards)])
         for k in results[0]:

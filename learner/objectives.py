@@ -30,7 +30,8 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
         clip=cfg.clip_ratio, dual_clip=cfg.dual_clip)
     if decoupled:
         per_token = per_token * mb["is_weights"]
-    pg = alg.aggregate(per_token, mask, cfg.loss_agg)
+    pg = alg.aggregate(per_token, mask, cfg.loss_agg, row_scale=mb.get("row_scale"),
+                       row_share=mb.get("row_share"))
     loss = pg
     kl = torch.zeros(())
     if ref_logprobs is not None:

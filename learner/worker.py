@@ -200,7 +200,7 @@ class LearnerWorker:
         """One optimizer step (policy, and critic for PPO) over micro-batches of `mb`."""
         micros = micro_batches(mb, self._micro_count(mb))
         token_mean = self.cfg.loss_agg == "token-mean"
-        total = float(mb["loss_mask"].sum()) if token_mean else float(len(mb["input_ids"]))
+        total = float(mb["loss_mask"].sum()) if token_mean else _rows(mb)
         train_policy = self.cfg.algorithm != "ppo" or self.updates >= self.cfg.critic_warmup_steps
         stats: dict[str, float] = {}
         for i, micro in enumerate(micros):
@@ -208,7 +208,7 @@ class LearnerWorker:
             if not micro:  # fewer rows than passes here: a zero-weight pass on the first row
                 micro, weight = trim({k: v[:1] for k, v in mb.items()}), 0.0
             else:
-                share = float(micro["loss_mask"].sum()) if token_mean else len(micro["input_ids"])
+                share = float(micro["loss_mask"].sum()) if token_mean else _rows(micro)
                 weight = share / max(total, 1e-9)
             t = self._tensors(micro)
             self.engine.set_gradient_accumulation_boundary(last)
@@ -435,3 +435,9 @@ class LearnerWorker:
         with deepspeed.zero.GatheredParameters(list(module.parameters()),
                                                enabled=self.cfg.zero_stage == 3):
             yield hf_state_dict(module) if self.rank == 0 else None
+
+
+def _rows(mb: dict[str, np.ndarray]) -> float:
+    """What a seq-mean loss averages over in `mb`: rows, or for per-turn rows of window-context
+    episodes the episodes' shares (learner.batch.turn_rows), so that micro-batches add up."""
+    return float(mb["row_share"].sum()) if "row_share" in mb else float(len(mb["input_ids"]))

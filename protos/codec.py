@@ -61,6 +61,7 @@ def to_proto(t: Trajectory) -> trajectory_pb2.Trajectory:
         turn_seconds=t.turn_seconds,
         # "" for the common empty dict: the proto3 default costs no bytes on the wire.
         info_json=json.dumps(t.info, separators=(",", ":")) if t.info else "",
+        turn_spans=[x for span in t.turn_spans for x in span],
     )
 
 
@@ -88,7 +89,15 @@ def from_proto(m: trajectory_pb2.Trajectory) -> Trajectory:
         failure=failure,
         turn_seconds=tuple(m.turn_seconds),
         info=_load_info(m.trajectory_id, m.info_json),
+        turn_spans=_load_spans(m.trajectory_id, m.turn_spans),
     )
+
+
+def _load_spans(trajectory_id: str, flat: Any) -> tuple[tuple[int, int, int], ...]:
+    if len(flat) % 3:
+        raise ValueError(f"trajectory {trajectory_id}: turn_spans holds {len(flat)} numbers, "
+                         "not whole (window_start, turn_start, turn_end) triples")
+    return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3))
 
 
 def encode(t: Trajectory) -> bytes:

@@ -28,6 +28,12 @@ class Trajectory:
     `response_ids` holds everything after the first prompt: model tokens (mask 1) interleaved
     with environment/template tokens (mask 0). `response_logprobs` has one entry per response
     token: the behaviour policy's logprob on model tokens, 0.0 on masked tokens.
+
+    `turn_spans` is set for episodes run with a window context (`generator.context.mode:
+    window`): one `(window_start, turn_start, turn_end)` per model turn, offsets into
+    `response_ids`. Turn k was sampled from `prompt_ids + response_ids[window_start:turn_start]`
+    and is `response_ids[turn_start:turn_end]`; the learner trains one row per turn
+    (`turn_rows`). Empty: the whole episode was one context and is one row.
     """
 
     trajectory_id: str
@@ -48,6 +54,7 @@ class Trajectory:
     failure: Failure = Failure.NONE
     turn_seconds: tuple[float, ...] = ()
     info: dict[str, Any] = field(default_factory=dict)
+    turn_spans: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -62,3 +69,27 @@ class Trajectory:
                 f"trajectory {self.trajectory_id}: {self.num_turns} turns exceed horizon "
                 f"{self.horizon}"
             )
+        self._check_spans()
+
+    def _check_spans(self) -> None:
+        """Spans are ordered, inside `response_ids`, and never overlap: every response token
+        belongs to at most one turn's row."""
+        end = 0
+        for k, (ws, ts, te) in enumerate(self.turn_spans):
+            if not 0 <= ws <= ts < te <= len(self.response_ids) or ts < end:
+                raise ValueError(
+                    f"trajectory {self.trajectory_id}: turn span {k} {(ws, ts, te)} is not "
+                    f"0 <= window_start <= turn_start < turn_end <= {len(self.response_ids)} "
+                    f"after the previous turn's end {end}")
+            end = te
+
+    @property
+    def rows(self) -> int:
+        """Training rows this episode becomes: one per turn in window mode, else one."""
+        return len(self.turn_spans) or 1
+
+    @property
+    def cut(self) -> str | None:
+        """What ended an unfinished episode: "context" (the context limit), "horizon" (the
+        turn budget), or None (the env ended it, or an infrastructure failure)."""
+        return self.info.get("cut")
