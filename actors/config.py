@@ -42,8 +42,9 @@ class GeneratorConfig(BaseModel):
         16, ge=1, description="Cap on tokens the model may write in one turn (an action is short)."
     )
     max_context_tokens: int = Field(
-        2048, ge=64, description="vLLM max_model_len; an episode that would exceed it is "
-        "truncated before the next turn.",
+        2048, ge=64, description="vLLM max_model_len. Full context: an episode whose next "
+        "turn would not fit ends truncated (cut by the context); window: older turns leave "
+        "the window first.",
     )
     context: ContextConfig = Field(default_factory=ContextConfig,
                                    description="Full or window context per turn.")

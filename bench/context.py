@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -157,7 +158,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({
-        "command": " ".join(["python bench/context.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "bench/context.py", *sys.argv[1:]]),
         "model": str(path.name), "env": cfg.env.name, "env_kwargs": env_kwargs,
         "episodes": args.episodes, "repeats": args.repeats, "keep_turns": args.keep_turns,
         "max_context_tokens": cfg.generator.max_context_tokens,

@@ -177,21 +177,28 @@ class TextCraftEnv:
     """TextCraft as a `TextEnv` (see envpool/base.py): craft the goal item from base items.
 
     Reward 1.0 when the goal is crafted (the episode terminates), else 0. Every command the
-    game rejects (unknown item, missing ingredients, bad syntax) is an invalid action.
+    game rejects (unknown item, missing ingredients, bad syntax) is an invalid action, rewarded
+    -invalid_penalty (0 unless set).
     """
 
     env_name = "textcraft"
 
     def __init__(
-        self, *, depths: tuple[int, ...] | list[int] = DEPTHS, max_steps: int | None = None
+        self, *, depths: tuple[int, ...] | list[int] = DEPTHS, max_steps: int | None = None,
+        invalid_penalty: float = 0.0,
     ) -> None:
         depths = tuple(sorted(set(depths)))
         if not depths or not set(depths) <= set(DEPTHS):
             raise ValueError(f"depths must be a non-empty subset of {DEPTHS}, got {depths}")
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if invalid_penalty < 0:
+            raise ValueError(f"invalid_penalty must be >= 0, got {invalid_penalty}")
         self.depths = depths
         self.max_steps = max_steps
+        # Reward -invalid_penalty for a command the game rejects: a shaped signal against
+        # malformed commands (off by default: AgentGym's reward is the env's own).
+        self.invalid_penalty = float(invalid_penalty)
         self._catalog = _catalog()
         self._tasks = {split: task_list(split, depths) for split in ("train", "eval")}
         self._game: TextCraft = copy.copy(self._catalog.game)
@@ -307,7 +314,10 @@ class TextCraftEnv:
     def _result(self, text: str, *, invalid: bool) -> StepResult:
         if not self._done and self.max_steps is not None and self._steps >= self.max_steps:
             self._done = self._truncated = True
-        reward = 1.0 if self._success and not invalid else 0.0
+        if invalid:
+            reward = -self.invalid_penalty if self.invalid_penalty else 0.0
+        else:
+            reward = 1.0 if self._success else 0.0
         return StepResult(
             text, reward, self._success, self._truncated, self._info(invalid=invalid)
         )

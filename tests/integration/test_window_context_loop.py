@@ -50,7 +50,7 @@ def test_rows_are_the_contexts_vllm_sampled_from(tmp_path):
         seqs = [batch["input_ids"][r, :n[r]].tolist() for r in range(len(n))]
         learner = trainer.learner.score(seqs)
         engine = ray.get(trainer.generators[0].score.remote(seqs))
-        for r, seq in enumerate(seqs):
+        for r in range(len(seqs)):
             # score()[i] is the logprob of token i given tokens < i: the loss mask's positions.
             mask = batch["loss_mask"][r, :n[r]] > 0
             recorded = batch["old_logprobs"][r, :n[r]][mask]

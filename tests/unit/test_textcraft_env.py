@@ -227,3 +227,18 @@ def test_envs_do_not_share_state_or_touch_global_random():
     for _ in range(20):  # the package's own reset grows the recipe lists it walks
         b.reset(seed=0)
     assert a.reset(seed=0)[0] == first
+
+
+def test_invalid_penalty_is_the_reward_of_a_rejected_command_only():
+    env = TextCraftEnv(depths=[1], invalid_penalty=0.25)
+    env.reset(seed=5)
+    assert env.step("craft 1 nothing using 2 air").reward == -0.25
+    rewards = []
+    for _ in range(10):  # the solver finishes a depth-1 goal in a few valid commands
+        result = env.step(env.oracle_action())
+        rewards.append(result.reward)
+        if result.terminated:
+            break
+    assert result.terminated and rewards[-1] == 1.0 and set(rewards[:-1]) <= {0.0}
+    with pytest.raises(ValueError, match="invalid_penalty"):
+        TextCraftEnv(invalid_penalty=-1)
