@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import psutil
 
-from actors.chat import ChatFormat, load_tokenizer
 from actors.config import GeneratorConfig
 from actors.heap import trim_heap
 from actors.rollout import AgentLoop, Engine
 from envpool.pool import EnvError, EnvPool
 from envpool.registry import env_spec
+from protos.chat import ChatFormat, load_tokenizer
 from protos.trajectory import Failure
 
 

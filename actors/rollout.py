@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from actors.chat import ChatFormat
 from envpool.base import StepResult, TextEnv
+from protos.chat import ChatFormat
 from protos.trajectory import Failure, Trajectory
 
 

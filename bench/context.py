@@ -110,10 +110,10 @@ def plot(results: dict, horizons: list[int], out: Path) -> None:
 
 
 def main() -> None:
-    from actors.chat import ChatFormat, load_tokenizer
     from actors.engine import VLLMEngine
     from cluster.config import load_config
     from cluster.models import ensure_model
+    from protos.chat import ChatFormat, load_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/textcraft-bc-rl.yaml")

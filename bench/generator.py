@@ -79,7 +79,7 @@ def child(config: str, caching: bool, rollouts: int, horizon: int, overrides: li
     g = cfg.generator
     model = ensure_model(cfg.model, env=cfg.env)
     with ray_session(RayConfig(num_cpus=2)), TrajectoryIngest(port=0) as ingest:
-        from actors.chat import ChatFormat, load_tokenizer
+        from protos.chat import ChatFormat, load_tokenizer
 
         chat = ChatFormat(load_tokenizer(model))
         engine = RecordingEngine(VLLMEngine(

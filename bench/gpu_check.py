@@ -69,13 +69,13 @@ def weight_sync_flow(model_path: str | Path, *, learner_cfg: LearnerConfig,
     `timeout_s` bounds each push (a member that never joins fails it instead of hanging)."""
     import ray
 
-    from actors.chat import load_tokenizer
     from actors.generator import GeneratorActor
     from envpool.config import EnvConfig
     from envpool.pool import EnvPool
     from learner.auxiliary import SFTExample
     from learner.group import LearnerGroup
     from learner.weights import make_weight_sync
+    from protos.chat import load_tokenizer
 
     tok = load_tokenizer(model_path)
     learner = LearnerGroup(learner_cfg, model_path=str(model_path), pad_id=tok.pad_token_id,
@@ -155,9 +155,9 @@ BF16_LOSS_TOL = 2e-2
 def learner_precision(model: Path, *, stage: int, cuda: bool) -> list[tuple[bool, str]]:
     """2 ranks in bf16 vs fp32 on one synthetic batch, 3 updates each: the losses agree within
     bf16 rounding and bf16 really ran (they are not identical)."""
-    from actors.chat import load_tokenizer
     from bench.learner import synthetic_trajectories, with_behaviour_logprobs
     from learner.group import LearnerGroup
+    from protos.chat import load_tokenizer
 
     pad = load_tokenizer(model).pad_token_id
     trajs = with_behaviour_logprobs(synthetic_trajectories(n=16, tokens=200, group_size=4,

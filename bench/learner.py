@@ -252,7 +252,7 @@ def zero2(cfg: LearnerConfig, trajs: list[Trajectory], *, model_path: Path, pad_
 def bench_size(name: str, model_path: Path, args: argparse.Namespace) -> list[Timing]:
     from transformers import AutoConfig
 
-    from actors.chat import load_tokenizer
+    from protos.chat import load_tokenizer
 
     pad_id = load_tokenizer(model_path).pad_token_id
     vocab = AutoConfig.from_pretrained(model_path).vocab_size

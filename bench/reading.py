@@ -32,11 +32,11 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.chat import ChatFormat, load_tokenizer
     from cluster.config import load_config
     from cluster.models import ensure_model
     from cluster.reading import observation_lines, probe_tasks, reading_accuracy
     from cluster.tiny_model import MODEL_MARKER, random_transcripts
+    from protos.chat import ChatFormat, load_tokenizer
 
     torch.set_num_threads(1)
     rows = []

@@ -52,8 +52,8 @@ def build_data(kind: str, source: str, cfg: RunConfig, model_path: str) -> list[
     from learner import auxiliary as aux
 
     if kind == "sft" and Path(source).is_file() and _is_conversations(Path(source)):
-        from actors.chat import ChatFormat, load_tokenizer
         from envpool.registry import env_spec
+        from protos.chat import ChatFormat, load_tokenizer
 
         chat = ChatFormat(load_tokenizer(model_path))
         data = aux.sft_examples_from_jsonl(
@@ -126,6 +126,6 @@ def run_auxiliary(kind: str, cfg: RunConfig, *, data: str, out: str | Path, step
 
 
 def _pad_id(model_path: str) -> int:
-    from actors.chat import load_tokenizer
+    from protos.chat import load_tokenizer
 
     return load_tokenizer(model_path).pad_token_id

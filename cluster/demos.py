@@ -21,13 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from actors.chat import ChatFormat, load_tokenizer
 from actors.rollout import AgentLoop, Completion
 from cluster.config import RunConfig
 from envpool.base import EVAL_SEED_OFFSET, split_seeds
 from envpool.config import EnvConfig
 from envpool.pool import EnvError, EnvPool
 from envpool.registry import EnvSpec, env_spec
+from protos.chat import ChatFormat, load_tokenizer
 from protos.codec import to_json_line
 from protos.trajectory import Failure, Trajectory
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from actors.chat import load_tokenizer
 from actors.curriculum import CurriculumActor
 from actors.generator import GeneratorActor, Task
 from cluster.checkpoints import (
@@ -46,6 +45,7 @@ from learner.batch import apply_overlong
 from learner.group import LearnerGroup, groups_with_signal
 from learner.ingest import TrajectoryIngest, is_wildcard
 from learner.weights import make_weight_sync
+from protos.chat import load_tokenizer
 from protos.codec import to_json_line
 from protos.trajectory import Trajectory
 

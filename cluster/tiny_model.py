@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from actors.chat import CHATML_TEMPLATE, IM_END, IM_START, PAD, SPECIAL_TOKENS, ChatFormat
 from cluster.reading import (
     observation_lines,
     probe_tasks,
@@ -26,6 +25,7 @@ from cluster.reading import (
     reading_tasks,
 )
 from envpool.registry import env_spec, make_env
+from protos.chat import CHATML_TEMPLATE, IM_END, IM_START, PAD, SPECIAL_TOKENS, ChatFormat
 
 MODEL_MARKER = "horizonrl_tiny_model.json"
 

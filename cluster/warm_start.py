@@ -91,8 +91,8 @@ def _examples(cfg: RunConfig, demos: Path) -> list[Any]:
 
 def _clone(cfg: RunConfig, examples: list[Any], *, base_model: str, out: Path) -> None:
     """SFT on the learner group: `sft_epochs` shuffled passes, warm-up then cosine."""
-    from actors.chat import load_tokenizer
     from learner.group import LearnerGroup
+    from protos.chat import load_tokenizer
 
     init = cfg.init
     per_epoch = math.ceil(len(examples) / init.sft_batch_size)

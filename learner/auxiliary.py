@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from actors.chat import ChatFormat
 from learner.algorithms import masked_mean, token_logprobs
+from protos.chat import ChatFormat
 from protos.trajectory import Failure, Trajectory
 
 

@@ -386,7 +386,7 @@ class LearnerWorker:
     # -- broadcast weight sync (learner.weight_sync="broadcast"; see learner.weights) ---------
     def weight_device(self) -> str | None:
         """This rank's GPU UUID, None on CPU (the sync picks NCCL only for distinct GPUs)."""
-        from actors.weight_receiver import cuda_uuid
+        from protos.weight_wire import cuda_uuid
 
         return cuda_uuid(self.engine.device)
 
@@ -400,7 +400,7 @@ class LearnerWorker:
     def join_weight_group(self, *, host: str, port: int, world_size: int, backend: str,
                           timeout_s: float) -> bool:
         """Rank 0: host the weight group's rendezvous on `host:port` and join as its source."""
-        from actors.weight_receiver import BroadcastGroup
+        from protos.weight_wire import BroadcastGroup
 
         self.leave_weight_group()
         self.weight_group = BroadcastGroup(host=host, port=port, rank=0, world_size=world_size,

@@ -28,7 +28,7 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_path: Path):
-    from actors.chat import load_tokenizer
+    from protos.chat import load_tokenizer
 
     
     return load_tokenizer(tiny_model_path)

@@ -9,12 +9,12 @@ import re
 
 import pytest
 
-from actors.chat import IM_END, IM_START
 from cluster.auxiliary import read_trajectories
 from cluster.config import load_config
 from cluster.demos import DEMOS_FILE, SUMMARY_FILE, collect_demos, expert_reply
 from envpool.registry import env_spec
 from learner.auxiliary import sft_examples_from_trajectories
+from protos.chat import IM_END, IM_START
 
 pytestmark = pytest.mark.integration
 REPLY = re.compile(r"Thought: I will ([^\n]*)\.\nAction: \1" + re.escape(IM_END))

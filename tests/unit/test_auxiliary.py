@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from actors.chat import IM_END, SPECIAL_TOKENS, ChatFormat
 from learner.auxiliary import (
     DPOPair,
     SFTExample,
@@ -26,6 +25,7 @@ from learner.auxiliary import (
     sft_loss,
     write_pairs_jsonl,
 )
+from protos.chat import IM_END, SPECIAL_TOKENS, ChatFormat
 from protos.trajectory import Failure, Trajectory
 
 

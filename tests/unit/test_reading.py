@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from actors.chat import ChatFormat
 from cluster.reading import (
     observation_lines,
     reading_accuracy,
@@ -15,6 +14,7 @@ from cluster.reading import (
     reading_tasks,
 )
 from cluster.tiny_model import _render, random_transcripts, train_tokenizer
+from protos.chat import ChatFormat
 
 
 @pytest.fixture(scope="module")

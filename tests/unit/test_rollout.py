@@ -4,9 +4,9 @@ The engine here is scripted so the expected ids are known exactly; the real vLLM
 same loop in tests/integration/test_training_loop.py.
 """
 
-from actors.chat import ChatFormat
 from actors.rollout import AgentLoop, Completion, run_episode
 from envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
+from protos.chat import ChatFormat
 
 
 class ScriptedEngine:

@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from actors.weight_receiver import BroadcastGroup, WeightReceiverExtension, unpack_bucket
+from actors.weight_receiver import WeightReceiverExtension
 from learner.config import LearnerConfig
 from learner.weights import (
     ALIGN,
@@ -24,6 +24,7 @@ from learner.weights import (
     send_buckets,
     state_specs,
 )
+from protos.weight_wire import BroadcastGroup, unpack_bucket
 
 KB = 1024
 

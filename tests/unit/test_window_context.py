@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from actors.chat import ChatFormat
 from actors.rollout import AgentLoop, Completion, ContextOverflow, run_episode
 from envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
 from learner.batch import apply_overlong, pad_batch, turn_rows, valid_mask
 from learner.config import LearnerConfig
 from learner.objectives import policy_objective
+from protos.chat import ChatFormat
 from protos.codec import decode, encode
 from protos.trajectory import Trajectory
 
