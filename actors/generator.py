@@ -84,6 +84,14 @@ class GeneratorActor:
         return {"name": self.name, "pid": os.getpid(), "policy_version": self.policy_version,
                 "horizon": self.horizon, "env_restarts": self.env_restarts()}
 
+    def assigned_gpu(self) -> tuple[list[str], str | None]:
+        """The GPU ids Ray reserved for this actor and the CUDA_VISIBLE_DEVICES Ray set from
+        them: vLLM builds its engine on the first visible device, which is then the assigned
+        one (a check for device placement; [] and whatever the process had on CPU runs)."""
+        import ray
+
+        return [str(i) for i in ray.get_gpu_ids()], os.environ.get("CUDA_VISIBLE_DEVICES")
+
     def env_restarts(self) -> int:
         return sum(p.restarts for p in self.pools.values())
 

@@ -43,3 +43,34 @@ def test_two_ranks_get_two_gpus_from_ray(tiny_model_path, tokenizer):
     assert len(ids0) == len(ids1) == 1 and ids0 != ids1, got
     assert ord0 == ord1 == 0, got  # each sees only its own GPU
     assert devices == [None, None]  # no CUDA here: the ranks trained on CPU
+
+
+def test_two_generators_get_two_gpus_from_ray(tiny_model_path):
+    """Each generator actor sees exactly the GPU Ray reserved for it, first among the visible
+    devices (where vLLM builds its engine), and two generators never share one."""
+    import ray
+
+    from actors.config import GeneratorConfig
+    from actors.generator import GeneratorActor
+    from cluster.runtime import LOCAL_RAY_ENV
+    from envpool.config import EnvConfig
+    from envpool.pool import EnvPool
+    from learner.ingest import TrajectoryIngest
+
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": LOCAL_RAY_ENV})
+    try:
+        cfg = GeneratorConfig(num_gpus=1, num_cpus=0.5, max_context_tokens=256)
+        with TrajectoryIngest(port=0) as ingest:
+            remote = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus)(GeneratorActor)
+            gens = [remote.remote(name=f"gen{i}", cfg=cfg, model_path=str(tiny_model_path),
+                                  env_pools=[EnvPool(EnvConfig(replicas_per_actor=1,
+                                                               num_cpus_per_actor=0.1),
+                                                     name=f"dev{i}")],
+                                  ingest_address=ingest.address, seed=i) for i in range(2)]
+            got = ray.get([g.assigned_gpu.remote() for g in gens], timeout=600)
+    finally:
+        ray.shutdown()
+    (ids0, vis0), (ids1, vis1) = got
+    assert len(ids0) == len(ids1) == 1 and ids0 != ids1, got
+    assert vis0 == ids0[0] and vis1 == ids1[0], got
