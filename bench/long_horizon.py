@@ -49,6 +49,20 @@ def train(config: str, seed: int, runs: Path, overrides: list[str]) -> tuple[Pat
     return run_dir, time.perf_counter() - t0, resumed
 
 
+def wait_for_warm_start(seed_dir: Path, timeout_s: float = 3600.0) -> Path:
+    """The run under `seed_dir` once its warm start has finished (init/warm_start.json is
+    written last): the source invocation may still be running that seed. Bounded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = list(seed_dir.iterdir()) if seed_dir.is_dir() else []
+        if len(runs) == 1 and (runs[0] / "init" / "warm_start.json").exists():
+            return runs[0]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no finished warm start under {seed_dir} after {timeout_s:.0f}s")
+        print(f"[long-horizon] waiting for the warm start under {seed_dir}", flush=True)
+        time.sleep(30)
+
+
 def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
                      overrides: list[str]) -> None:
     """Start seed `seed`'s run from the finished warm start of an earlier invocation (its demos
@@ -58,7 +72,7 @@ def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
     root = runs / f"seed{seed}"
     if root.is_dir() and any(root.iterdir()):
         return  # this invocation's own run exists: `train` resumes it
-    (src,) = (source / f"seed{seed}").iterdir()
+    src = wait_for_warm_start(source / f"seed{seed}")
     cfg = load_config(config, [f"seed={seed}", f"run_root={root}", *overrides])
     if not src.name.startswith(f"{cfg.name}__{seed}__"):
         raise SystemExit(f"{src} is not a run of {cfg.name!r} seed {seed}")
