@@ -100,7 +100,7 @@ class VLLMEngine:
             "backend": backend, "timeout_s": timeout_s})
 
     def receive_weights(self, buckets: Sequence[Any]) -> int:
-        """Receive one broadcast push (`protos.weight_wire.Bucket`s) into the model; returns bytes."""
+        """Receive one push (`protos.weight_wire.Bucket`s) into the model; returns bytes."""
         nbytes = self.llm.collective_rpc("receive_weight_buckets", args=(list(buckets),))[0]
         if self.prefix_caching:  # cached KV blocks were computed with the old weights
             self.llm.reset_prefix_cache()

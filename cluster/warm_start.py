@@ -25,9 +25,12 @@ DONE_FILE = "warm_start.json"
 
 
 def warm_start_model(run_dir: Path) -> Path | None:
-    """The cloned model of a finished warm start in `run_dir`, or None."""
+    """The cloned model of a finished warm start in `run_dir`, or None. Always the run's own
+    init/model, not the absolute path recorded when it was written: a run folder that was
+    copied (an RL variant from another run's clone) or moved must not reach back into its
+    origin, which may be gone."""
     done = run_dir / INIT_DIR / DONE_FILE
-    return Path(json.loads(done.read_text())["model"]) if done.exists() else None
+    return (run_dir / INIT_DIR / "model").resolve() if done.exists() else None
 
 
 def run_warm_start(cfg: RunConfig, *, run_dir: Path, base_model: str) -> Path:
