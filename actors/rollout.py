@@ -155,9 +155,7 @@ class AgentLoop:
         # Leave room for a full turn; otherwise the episode ends truncated rather than overflowing.
         if self.keep_turns is not None:
             self._slide_window()
-        if self.done:
-            return
-        if len(self.context_ids) + self.max_tokens_per_turn > self.max_context_tokens:
+        elif len(self.context_ids) + self.max_tokens_per_turn > self.max_context_tokens:
             self.truncated, self.cut = True, "context"
 
     def _slide_window(self) -> None:

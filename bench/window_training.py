@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import long_horizon  # noqa: E402
 
 
 def overrides(variant: str) -> list[str]:
@@ -35,21 +36,10 @@ def overrides(variant: str) -> list[str]:
 
 
 def train(config: str, variant: str, seed: int, runs: Path, extra: list[str]) -> Path:
-    root = runs / variant.replace(":", "") / f"seed{seed}"
-    if root.is_dir() and any(root.iterdir()):  # done by an earlier invocation
-        (run_dir,) = root.iterdir()
-        return run_dir
-    log = runs / f"{variant.replace(':', '')}_seed{seed}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f:
-        proc = subprocess.run(
-            [sys.executable, "-m", "cluster.cli", "train", "--config", config, f"seed={seed}",
-             f"run_root={root}", "metrics.port=0", *overrides(variant), *extra],
-            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} seed {seed} failed; see {log}")
-    (run_dir,) = root.iterdir()
+    """One run (bench/long_horizon.py's: a subprocess, continued if an earlier invocation
+    left it) under RUNS/<variant>/seed<S>."""
+    run_dir, _, _ = long_horizon.train(config, seed, runs / variant.replace(":", ""),
+                                       [*overrides(variant), *extra])
     return run_dir
 
 

@@ -210,8 +210,8 @@ class Trainer:
         secs.update(rollout=t_rollout, learn=t_learn, weight_sync=sync["weight_sync_seconds"],
                     iteration=time.perf_counter() - t_start)
         tokens = sum(o["generated_tokens"] for o in outs)
-        prompt_tokens = sum(o.get("prompt_tokens", 0) for o in outs)
-        cached = sum(o.get("cached_tokens", 0) for o in outs)
+        prompt_tokens = sum(o["prompt_tokens"] for o in outs)
+        cached = sum(o["cached_tokens"] for o in outs)
         env_steps = sum(o["env_steps"] for o in outs)
         m = {"step": step, "horizon": horizon, "next_horizon": new_horizon,
              "policy_version": self.policy_version, **roll,

@@ -78,3 +78,24 @@ def kill_when() -> Callable[..., list]:
         return alive
 
     return run
+
+
+class ScriptedEngine:
+    """The agent loop's Engine with pre-set turns ((ids, logprobs) per call, one prompt per
+    call), recording every prompt it was given: the expected ids are then known exactly."""
+
+    def __init__(self, turns):
+        self.turns = list(turns)
+        self.prompts = []
+
+    def generate(self, prompts, *, max_tokens, temperature):
+        from actors.rollout import Completion
+
+        self.prompts.append(list(prompts[0]))
+        ids, lps = self.turns.pop(0)
+        return [Completion(tuple(ids), tuple(lps), "stop")]
+
+
+@pytest.fixture()
+def scripted_engine() -> type[ScriptedEngine]:
+    return ScriptedEngine

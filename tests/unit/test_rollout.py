@@ -4,31 +4,18 @@ The engine here is scripted so the expected ids are known exactly; the real vLLM
 same loop in tests/integration/test_training_loop.py.
 """
 
-from actors.rollout import AgentLoop, Completion, run_episode
+from actors.rollout import AgentLoop, run_episode
 from envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
 from protos.chat import ChatFormat
 
 
-class ScriptedEngine:
-    """Returns pre-set turns: (ids, logprobs) per call."""
-
-    def __init__(self, turns):
-        self.turns = list(turns)
-        self.prompts = []
-
-    def generate(self, prompts, *, max_tokens, temperature):
-        self.prompts.append(list(prompts[0]))
-        ids, lps = self.turns.pop(0)
-        return [Completion(tuple(ids), tuple(lps), "stop")]
-
-
-def test_three_turn_ids_mask_and_logprobs(tokenizer):
+def test_three_turn_ids_mask_and_logprobs(tokenizer, scripted_engine):
     chat = ChatFormat(tokenizer)
     end = chat.im_end_id
     t1 = chat.encode("turn left") + [end]
     t2 = chat.encode("move forward")  # cut by max_tokens: no <|im_end|> sampled
     t3 = chat.encode("turn right") + [end]
-    engine = ScriptedEngine([(t1, [-0.1] * len(t1)), (t2, [-0.2] * len(t2)),
+    engine = scripted_engine([(t1, [-0.1] * len(t1)), (t2, [-0.2] * len(t2)),
                              (t3, [-0.3] * len(t3))])
     env = BabyAITextEnv(level="BabyAI-GoToRedBall-v0")
     loop = AgentLoop(chat=chat, system_prompt=SYSTEM_PROMPT, parse_action=parse_action,
@@ -70,7 +57,7 @@ def test_three_turn_ids_mask_and_logprobs(tokenizer):
     assert traj.response_ids == tuple(expected) and traj.horizon == 3
 
 
-def test_episode_ends_on_success_before_horizon(tokenizer):
+def test_episode_ends_on_success_before_horizon(tokenizer, scripted_engine):
     chat = ChatFormat(tokenizer)
     env = BabyAITextEnv(level="BabyAI-GoToRedBall-v0")
     for seed in range(200):  # find a start where the red ball is in view (bounded scan)
@@ -81,6 +68,6 @@ def test_episode_ends_on_success_before_horizon(tokenizer):
     ids = chat.encode(goal[0]) + [chat.im_end_id]
     loop = AgentLoop(chat=chat, system_prompt=SYSTEM_PROMPT, parse_action=parse_action,
                      horizon=5, max_context_tokens=4096, max_tokens_per_turn=8)
-    run_episode(loop, ScriptedEngine([(ids, [-1.0] * len(ids))]), env, seed=seed)
+    run_episode(loop, scripted_engine([(ids, [-1.0] * len(ids))]), env, seed=seed)
     assert loop.terminated and loop.success and loop.num_turns == 1
     assert loop.rewards == [1.0]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.rollout import AgentLoop, Completion, ContextOverflow, run_episode
+from actors.rollout import AgentLoop, ContextOverflow, run_episode
 from envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
 from learner.batch import apply_overlong, pad_batch, turn_rows, valid_mask
 from learner.config import LearnerConfig
@@ -21,26 +21,15 @@ from protos.trajectory import Trajectory
 ACTIONS = ["turn left", "move forward", "turn right", "turn left", "move forward"]
 
 
-class ScriptedEngine:
-    """Returns pre-set turns and records every prompt it was given."""
-
-    def __init__(self, turns):
-        self.turns = list(turns)
-        self.prompts = []
-
-    def generate(self, prompts, *, max_tokens, temperature):
-        self.prompts.append(list(prompts[0]))
-        ids, lps = self.turns.pop(0)
-        return [Completion(tuple(ids), tuple(lps), "stop")]
 
 
-def _episode(tokenizer, *, keep_turns, horizon=5, max_context=4096, seed=3):
+def _episode(tokenizer, scripted_engine, *, keep_turns, horizon=5, max_context=4096, seed=3):
     chat = ChatFormat(tokenizer)
     turns = []
     for k, a in enumerate(ACTIONS[:horizon]):
         ids = chat.encode(a) + ([chat.im_end_id] if k != 1 else [])  # turn 2 cut by max_tokens
         turns.append((ids, [-0.1 * (k + 1)] * len(ids)))
-    engine = ScriptedEngine(turns)
+    engine = scripted_engine(turns)
     loop = AgentLoop(chat=chat, system_prompt=SYSTEM_PROMPT, parse_action=parse_action,
                      horizon=horizon, max_context_tokens=max_context, max_tokens_per_turn=8,
                      keep_turns=keep_turns)
@@ -50,8 +39,8 @@ def _episode(tokenizer, *, keep_turns, horizon=5, max_context=4096, seed=3):
     return loop, engine, turns, traj
 
 
-def test_each_row_is_the_windowed_prompt_and_the_sampled_reply(tokenizer):
-    _loop, engine, turns, traj = _episode(tokenizer, keep_turns=2)
+def test_each_row_is_the_windowed_prompt_and_the_sampled_reply(tokenizer, scripted_engine):
+    _loop, engine, turns, traj = _episode(tokenizer, scripted_engine, keep_turns=2)
     assert traj.num_turns == 5 and len(traj.turn_spans) == 5
     resp = list(traj.response_ids)
     for k, (ws, ts, te) in enumerate(traj.turn_spans):
@@ -84,24 +73,24 @@ def test_each_row_is_the_windowed_prompt_and_the_sampled_reply(tokenizer):
     assert batch["row_share"].sum() == pytest.approx(1.0)
 
 
-def test_window_at_least_the_horizon_is_the_full_context(tokenizer):
-    _, full_engine, _, full = _episode(tokenizer, keep_turns=None)
-    _, win_engine, _, win = _episode(tokenizer, keep_turns=5)
+def test_window_at_least_the_horizon_is_the_full_context(tokenizer, scripted_engine):
+    _, full_engine, _, full = _episode(tokenizer, scripted_engine, keep_turns=None)
+    _, win_engine, _, win = _episode(tokenizer, scripted_engine, keep_turns=5)
     assert full.turn_spans == () and len(win.turn_spans) == 5
     assert full_engine.prompts == win_engine.prompts
     assert full.response_ids == win.response_ids
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-def test_rows_give_the_full_context_loss(tokenizer, tiny_model_path, agg):
+def test_rows_give_the_full_context_loss(tokenizer, tiny_model_path, agg, scripted_engine):
     """With K >= horizon, the per-turn rows of two episodes train on exactly the numbers the
     two whole episodes give, in every aggregation mode (turn_rows' row_scale/row_share)."""
     from transformers import AutoModelForCausalLM
 
-    _, _, _, full_a = _episode(tokenizer, keep_turns=None, seed=3)
-    _, _, _, win_a = _episode(tokenizer, keep_turns=5, seed=3)
-    _, _, _, full_b = _episode(tokenizer, keep_turns=None, horizon=2, seed=4)
-    _, _, _, win_b = _episode(tokenizer, keep_turns=5, horizon=2, seed=4)
+    _, _, _, full_a = _episode(tokenizer, scripted_engine, keep_turns=None, seed=3)
+    _, _, _, win_a = _episode(tokenizer, scripted_engine, keep_turns=5, seed=3)
+    _, _, _, full_b = _episode(tokenizer, scripted_engine, keep_turns=None, horizon=2, seed=4)
+    _, _, _, win_b = _episode(tokenizer, scripted_engine, keep_turns=5, horizon=2, seed=4)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
     cfg = LearnerConfig(loss_agg=agg, kl_coef=0.0)
@@ -119,31 +108,34 @@ def test_rows_give_the_full_context_loss(tokenizer, tiny_model_path, agg):
     assert whole != 0.0
 
 
-def test_window_shrinks_to_fit_and_a_turn_that_cannot_fit_ends_the_episode(tokenizer):
-    _loop, engine, _, _traj = _episode(tokenizer, keep_turns=5)
+def test_window_shrinks_to_fit_and_a_turn_that_cannot_fit_ends_the_episode(tokenizer,
+                                                                          scripted_engine):
+    _loop, engine, _, _traj = _episode(tokenizer, scripted_engine, keep_turns=5)
     # The same episode in a context just big enough for the prompt and about two turns.
     budget = len(engine.prompts[2]) + 8
-    _small, small_engine, _, small_traj = _episode(tokenizer, keep_turns=5, max_context=budget)
+    _small, small_engine, _, small_traj = _episode(tokenizer, scripted_engine, keep_turns=5,
+                                                   max_context=budget)
     assert all(len(p) + 8 <= budget for p in small_engine.prompts)
     assert small_traj.num_turns == 5 and small_traj.cut == "horizon"
     assert [s[0] for s in small_traj.turn_spans][3:] != [0, 0]  # older turns dropped
     # Full mode in that context ends the episode cut by the context instead.
-    _full, _, _, full_traj = _episode(tokenizer, keep_turns=None, max_context=budget)
+    _full, _, _, full_traj = _episode(tokenizer, scripted_engine, keep_turns=None,
+                                      max_context=budget)
     assert full_traj.cut == "context" and full_traj.num_turns < 5
     # A context without room for the newest turn: cut, with the numbers in the message.
-    _tight, _, _, tight_traj = _episode(tokenizer, keep_turns=2,
+    _tight, _, _, tight_traj = _episode(tokenizer, scripted_engine, keep_turns=2,
                                        max_context=len(engine.prompts[0]) + 8)
     assert tight_traj.cut == "context" and tight_traj.num_turns == 1
     assert "max_context_tokens=" in tight_traj.info["context_error"]
 
 
-def test_first_turn_that_cannot_fit_is_a_clear_error(tokenizer):
+def test_first_turn_that_cannot_fit_is_a_clear_error(tokenizer, scripted_engine):
     with pytest.raises(ContextOverflow, match=r"prompt tokens .* > generator.max_context_tokens"):
-        _episode(tokenizer, keep_turns=2, max_context=64)
+        _episode(tokenizer, scripted_engine, keep_turns=2, max_context=64)
 
 
-def test_turn_spans_travel_and_bad_spans_are_rejected(tokenizer):
-    _, _, _, traj = _episode(tokenizer, keep_turns=2)
+def test_turn_spans_travel_and_bad_spans_are_rejected(tokenizer, scripted_engine):
+    _, _, _, traj = _episode(tokenizer, scripted_engine, keep_turns=2)
     assert decode(encode(traj)).turn_spans == traj.turn_spans
     fields = {f: getattr(traj, f) for f in traj.__dataclass_fields__}
     with pytest.raises(ValueError, match="turn span 1"):
@@ -152,8 +144,8 @@ def test_turn_spans_travel_and_bad_spans_are_rejected(tokenizer):
         Trajectory(**{**fields, "turn_spans": ((0, 5, 10 ** 6),)})
 
 
-def test_overlong_modes(tokenizer):
-    _, _, _, cut = _episode(tokenizer, keep_turns=2)  # runs out of turns
+def test_overlong_modes(tokenizer, scripted_engine):
+    _, _, _, cut = _episode(tokenizer, scripted_engine, keep_turns=2)  # runs out of turns
     fields = {f: getattr(cut, f) for f in cut.__dataclass_fields__}
     ended = Trajectory(**{**fields, "trajectory_id": "e", "info": {"success": True},
                           "reward": 1.0, "terminated": True, "truncated": False})
