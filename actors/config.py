@@ -52,9 +52,11 @@ class GeneratorConfig(BaseModel):
         True, description="vLLM automatic prefix caching: a turn's prompt reuses the KV blocks "
         "of the previous turn's (full mode) or of the shared system prompt and task (window).")
     kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (whole GiB) on CPU.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Engine dtype: float32 on AVX2 CPUs (bf16 is 2x slower there); "
-        "it must match the learner's for logprobs to agree.",
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Engine dtype: float32 on AVX2 CPUs (bf16 is 2x slower there). "
+        "auto: bfloat16 where the generator's device has native bf16 (the learner's `auto` "
+        "rule), else float32 (not vLLM's own auto, which follows the checkpoint). The "
+        "learner's logprobs match the engine's closely only in the same precision.",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="GPU: the share of its GPU the vLLM engine takes for "

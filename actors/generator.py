@@ -24,6 +24,7 @@ from actors.rollout import AgentLoop, Engine
 from envpool.pool import EnvError, EnvPool
 from envpool.registry import env_spec
 from protos.chat import ChatFormat, load_tokenizer
+from protos.precision import bf16_native, engine_dtype
 from protos.trajectory import Failure
 
 
@@ -53,12 +54,15 @@ class GeneratorActor:
         self.specs = {key: env_spec(p.cfg.name) for key, p in self.pools.items()}
         self.default_env = next(iter(self.pools))
         self.chat = ChatFormat(load_tokenizer(model_path))
+        # vLLM runs on the GPUs Ray reserved for this actor, on CPU when it reserved none.
+        self.dtype = engine_dtype(cfg.dtype, native_bf16=bf16_native(
+            "cuda" if self._gpu_ids() else "cpu"))
         if engine is None:
             from actors.engine import VLLMEngine
 
             engine = VLLMEngine(model_path, seed=seed, max_model_len=cfg.max_context_tokens,
                                 stop_token_ids=[self.chat.im_end_id],
-                                kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype,
+                                kv_cache_gib=cfg.kv_cache_gib, dtype=self.dtype,
                                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                                 tensor_parallel_size=cfg.tensor_parallel_size,
                                 enforce_eager=cfg.enforce_eager,
@@ -88,9 +92,17 @@ class GeneratorActor:
         """The GPU ids Ray reserved for this actor and the CUDA_VISIBLE_DEVICES Ray set from
         them: vLLM builds its engine on the first visible device, which is then the assigned
         one (a check for device placement; [] and whatever the process had on CPU runs)."""
+        return self._gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def precision(self) -> str:
+        """The engine's dtype (`generator.dtype` with `auto` resolved on this actor's device)."""
+        return self.dtype
+
+    @staticmethod
+    def _gpu_ids() -> list[str]:
         import ray
 
-        return [str(i) for i in ray.get_gpu_ids()], os.environ.get("CUDA_VISIBLE_DEVICES")
+        return [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else []
 
     def env_restarts(self) -> int:
         return sum(p.restarts for p in self.pools.values())

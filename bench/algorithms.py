@@ -27,7 +27,9 @@ def run(algorithm: str, iterations: int, out: Path) -> tuple[int, Path | None, f
     proc = subprocess.run(
         [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
          f"name={algorithm}", f"iterations={iterations}", f"run_root={out}", "metrics.port=0",
-         "checkpoint_every=0", f"learner.algorithm={algorithm}"],
+         "checkpoint_every=0", f"learner.algorithm={algorithm}",
+         # fp32, not the default's auto: the comparison then means the same on every CPU.
+         "learner.dtype=fp32", "generator.dtype=float32"],
         cwd=ROOT, capture_output=True, text=True, timeout=3600)
     (out / f"{algorithm}.log").write_text(proc.stdout + proc.stderr)
     runs = sorted(out.glob(f"{algorithm}__*"))

@@ -32,7 +32,9 @@ def run(name: str, overrides: list[str], iterations: int, generators: int,
     proc = subprocess.run(
         [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
          f"name={tag}", f"iterations={iterations}", f"run_root={out}", "metrics.port=0",
-         "checkpoint_every=0", f"generator.num_generators={generators}", *overrides],
+         "checkpoint_every=0", f"generator.num_generators={generators}",
+         "learner.dtype=fp32", "generator.dtype=float32",  # fixed, not auto: same on any CPU
+         *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=3600)
     (out / f"{tag}.log").write_text(proc.stdout + proc.stderr)
     runs = sorted(out.glob(f"{tag}__*"))

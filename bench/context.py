@@ -114,6 +114,7 @@ def main() -> None:
     from cluster.config import load_config
     from cluster.models import ensure_model
     from protos.chat import ChatFormat, load_tokenizer
+    from protos.precision import bf16_native, engine_dtype
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/textcraft-bc-rl.yaml")
@@ -134,7 +135,8 @@ def main() -> None:
     for name in args.settings:
         window, caching = SETTINGS[name]
         engine = VLLMEngine(str(path), seed=0, max_model_len=cfg.generator.max_context_tokens,
-                            stop_token_ids=[chat.im_end_id], dtype=cfg.generator.dtype,
+                            stop_token_ids=[chat.im_end_id],
+                            dtype=engine_dtype(cfg.generator.dtype, native_bf16=bf16_native("cpu")),
                             prefix_caching=caching)
         keep = args.keep_turns if window else None
         run_episodes(engine, chat, cfg, horizon=2, episodes=2, keep_turns=keep,

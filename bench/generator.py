@@ -65,7 +65,15 @@ def replay(engine, calls: list[dict]) -> tuple[int, float]:
     return tokens, seconds
 
 
-def child(config: str, caching: bool, rollouts: int, horizon: int, overrides: list[str]) -> dict:
+# Each variant is a fresh process: the config with these overrides. "cache" also replays its
+# engine calls on bare vLLM; fp32 and bf16 pin the engine dtype whatever the config says.
+VARIANTS = {"cache": ["generator.prefix_caching=true"],
+            "nocache": ["generator.prefix_caching=false"],
+            "fp32": ["generator.prefix_caching=true", "generator.dtype=float32"],
+            "bf16": ["generator.prefix_caching=true", "generator.dtype=bfloat16"]}
+
+
+def child(config: str, variant: str, rollouts: int, horizon: int, overrides: list[str]) -> dict:
     from actors.engine import VLLMEngine
     from actors.generator import GeneratorActor
     from cluster.config import RayConfig, load_config
@@ -74,9 +82,11 @@ def child(config: str, caching: bool, rollouts: int, horizon: int, overrides: li
     from cluster.runtime import ray_session
     from envpool.pool import EnvPool
     from learner.ingest import TrajectoryIngest
+    from protos.precision import bf16_native, engine_dtype
 
-    cfg = load_config(config, [f"generator.prefix_caching={str(caching).lower()}", *overrides])
-    g = cfg.generator
+    cfg = load_config(config, [*overrides, *VARIANTS[variant]])
+    g, caching = cfg.generator, cfg.generator.prefix_caching
+    dtype = engine_dtype(g.dtype, native_bf16=bf16_native("cpu"))
     model = ensure_model(cfg.model, env=cfg.env)
     with ray_session(RayConfig(num_cpus=2)), TrajectoryIngest(port=0) as ingest:
         from protos.chat import ChatFormat, load_tokenizer
@@ -84,7 +94,7 @@ def child(config: str, caching: bool, rollouts: int, horizon: int, overrides: li
         chat = ChatFormat(load_tokenizer(model))
         engine = RecordingEngine(VLLMEngine(
             str(model), seed=0, max_model_len=g.max_context_tokens,
-            stop_token_ids=[chat.im_end_id], kv_cache_gib=g.kv_cache_gib, dtype=g.dtype,
+            stop_token_ids=[chat.im_end_id], kv_cache_gib=g.kv_cache_gib, dtype=dtype,
             prefix_caching=caching))
         gen = GeneratorActor(name="g", cfg=g, model_path=str(model),
                              env_pools=[EnvPool(e) for e in cfg.envs],
@@ -107,9 +117,10 @@ def child(config: str, caching: bool, rollouts: int, horizon: int, overrides: li
             totals["tokens"] += out["generated_tokens"]
             ingest.drain()
         call_seconds = sum(c["seconds"] for c in engine.calls)
-        bare_tokens, bare_seconds = replay(engine.inner, engine.calls) if caching else (0, 0.0)
+        bare_tokens, bare_seconds = (replay(engine.inner, engine.calls) if variant == "cache"
+                                     else (0, 0.0))
     return {**totals, "engine_call_seconds": call_seconds, "bare_tokens": bare_tokens,
-            "bare_seconds": bare_seconds, "turn_batches": len(engine.calls)}
+            "bare_seconds": bare_seconds, "turn_batches": len(engine.calls), "dtype": dtype}
 
 
 def main() -> None:
@@ -118,35 +129,66 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=4)
     ap.add_argument("--horizon", type=int, default=10)
     ap.add_argument("--out", default="docs/context/generator.json")
-    ap.add_argument("--child", choices=["cache", "nocache"], help=argparse.SUPPRESS)
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["cache", "nocache"],
+                    help="cache and nocache: the loop against bare vLLM and without prefix "
+                    "caching; fp32 and bf16: the cached loop with vLLM in each dtype")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the variants this many times (alternating order); best of them")
+    ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="config overrides, section.field=value")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.config, args.child == "cache", args.rollouts, args.horizon,
+        print(json.dumps(child(args.config, args.child, args.rollouts, args.horizon,
                                args.overrides)))
         return
-    runs = {}
-    for variant in ("cache", "nocache"):
-        out = subprocess.run([sys.executable, __file__, "--child", variant, "--config",
-                              args.config, "--rollouts", str(args.rollouts), "--horizon",
-                              str(args.horizon), *args.overrides],
-                             stdout=subprocess.PIPE, text=True, check=True, timeout=3600)
-        runs[variant] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(variant, runs[variant], flush=True)
-    c, n = runs["cache"], runs["nocache"]
+    every: dict[str, list[dict]] = {v: [] for v in args.variants}
+    for r in range(args.repeats):
+        # ABBA order: a variant that runs right after another process's teardown (Ray's
+        # workers still exiting) is not always the same one.
+        for variant in args.variants[::-1] if r % 2 else args.variants:
+            out = subprocess.run([sys.executable, __file__, "--child", variant, "--config",
+                                  args.config, "--rollouts", str(args.rollouts), "--horizon",
+                                  str(args.horizon), *args.overrides],
+                                 stdout=subprocess.PIPE, text=True, check=True, timeout=3600)
+            every[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(variant, every[variant][-1], flush=True)
+    runs = {v: max(rs, key=model_bound) for v, rs in every.items()}  # best of the repeats
+    result = {**(loop_results(runs["cache"], runs["nocache"]) if "nocache" in runs else {}),
+              **(dtype_results(runs["fp32"], runs["bf16"]) if "bf16" in runs else {})}
+    print(json.dumps(result, indent=1))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(["python bench/generator.py", *sys.argv[1:]]),
+                               "rollouts": args.rollouts, "horizon": args.horizon,
+                               "runs": runs, "repeats": every, "result": result},
+                              indent=1) + "\n")
+
+
+def model_bound(run: dict) -> float:
+    """Generated tokens per second of the engine calls alone."""
+    return run["tokens"] / run["engine_call_seconds"]
+
+
+def dtype_results(fp32: dict, bf16: dict) -> dict:
+    return {"fp32_tokens_per_s_model_bound": round(model_bound(fp32), 1),
+            "bf16_tokens_per_s_model_bound": round(model_bound(bf16), 1),
+            "bf16_vs_fp32_model_bound": round(model_bound(bf16) / model_bound(fp32), 3),
+            "bf16_vs_fp32_whole_rollout": round(
+                bf16["tokens"] / bf16["wall"] / (fp32["tokens"] / fp32["wall"]), 3)}
+
+
+def loop_results(c: dict, n: dict) -> dict:
     turns = max(c["episode_turns"], 1)
-    loop_model = c["tokens"] / c["engine_call_seconds"]
+    loop_model = model_bound(c)
     bare = c["bare_tokens"] / c["bare_seconds"]
-    result = {
+    return {
         "loop_tokens_per_s_model_bound": round(loop_model, 1),
         "loop_tokens_per_s_whole_rollout": round(c["tokens"] / c["wall"], 1),
         "bare_vllm_tokens_per_s": round(bare, 1),
         "loop_vs_bare_model_bound": round(loop_model / bare, 3),
         "loop_vs_bare_whole_rollout": round(c["tokens"] / c["wall"] / bare, 3),
-        "loop_without_prefix_cache_tokens_per_s_model_bound": round(
-            n["tokens"] / n["engine_call_seconds"], 1),
-        "cache_vs_no_cache_model_bound": round(
-            loop_model / (n["tokens"] / n["engine_call_seconds"]), 3),
+        "loop_without_prefix_cache_tokens_per_s_model_bound": round(model_bound(n), 1),
+        "cache_vs_no_cache_model_bound": round(loop_model / model_bound(n), 3),
         "cache_vs_no_cache_whole_rollout": round(n["wall"] / c["wall"], 3),
         "ms_per_episode_turn": {
             "engine": round(1e3 * c["engine_call_seconds"] / turns, 3),
@@ -158,12 +200,6 @@ def main() -> None:
             "other": round(1e3 * (c["wall"] - c["generate"] - c["env"] - c["transport"])
                            / turns, 3)},
     }
-    print(json.dumps(result, indent=1))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python bench/generator.py", *sys.argv[1:]]),
-                               "rollouts": args.rollouts, "horizon": args.horizon,
-                               "runs": runs, "result": result}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

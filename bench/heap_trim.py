@@ -41,7 +41,7 @@ def child(trim: bool, rollouts: int) -> dict:
     model = ensure_model(ModelConfig(), env=EnvConfig())
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "generator.tasks_per_step=3", "generator.group_size=4", "env.replicas_per_actor=12",
-        f"generator.trim_heap={str(trim).lower()}"])
+        f"generator.trim_heap={str(trim).lower()}", "generator.dtype=float32"])  # not auto
     me, samples, seconds = psutil.Process(), [], 0.0
     with ray_session(RayConfig(num_cpus=2)), TrajectoryIngest(port=0) as ingest:
         gen = GeneratorActor(name="g", cfg=cfg.generator, model_path=str(model),

@@ -52,7 +52,9 @@ def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Pa
                   f"env.replicas_per_actor={max(64, args.eval_tasks)}"]
     cfg = load_config(ROOT / args.config, [
         f"name={name}", f"seed={seed}", f"iterations={iterations}", f"run_root={out}",
-        "checkpoint_every=0", "metrics.port=0", *overrides, *extra])
+        "checkpoint_every=0", "metrics.port=0",
+        # fixed precision (the base config may say auto): the comparison means the same anywhere
+        "learner.dtype=fp32", "generator.dtype=float32", *overrides, *extra])
     with Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         rows = []
         for _ in range(iterations):

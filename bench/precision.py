@@ -3,9 +3,9 @@
     .venv/bin/python bench/precision.py --out docs/precision/default-run.json
 
 Runs `horizonrl train --config configs/babyai-local.yaml` (the embedded default) once per
-setting, same seed, in turn: learner fp32 + vLLM float32 (today's default), learner bf16 +
-vLLM float32, learner bf16 + vLLM bfloat16. Records each run's success curve, wall time and
-seconds per phase from its metrics.jsonl.
+setting and seed, in turn: learner fp32 + vLLM float32, learner bf16 + vLLM float32, learner
+bf16 + vLLM bfloat16. Records each run's success curve, wall time and seconds per phase from
+its metrics.jsonl, and per setting the mean and spread over seeds.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ SETTINGS = {
 
 def run(name: str, overrides: list[str], *, config: str, root: Path, extra: list[str]) -> dict:
     t0 = time.perf_counter()
-    log = root / f"{name.replace(' ', '_').replace('+', '')}.log"
-    with log.open("w") as f:
+    slug = name.replace(" ", "_").replace("+", "")
+    with (root / f"{slug}.log").open("w") as f:
         subprocess.run([sys.executable, "-m", "cluster.cli", "train", "--config", config,
-                        f"run_root={root / 'runs' / name.replace(' ', '_')}", "metrics.port=0",
+                        f"run_root={root / 'runs' / slug}", "metrics.port=0",
                         *overrides, *extra], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                        check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.perf_counter() - t0
-    (run_dir,) = (root / "runs" / name.replace(" ", "_")).iterdir()
+    (run_dir,) = (root / "runs" / slug).iterdir()
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     success = [round(m["success_rate"], 4) for m in metrics]
     fifth = max(1, len(success) // 5)
-    return {"overrides": overrides, "wall_seconds": round(wall, 1), "success": success,
+    return {"wall_seconds": round(wall, 1), "success": success,
             "success_first_fifth": round(statistics.fmean(success[:fifth]), 4),
             "success_last_fifth": round(statistics.fmean(success[-fifth:]), 4),
             "seconds_learn_mean": round(statistics.fmean(m["seconds/learn"] for m in metrics), 3),
@@ -51,19 +51,35 @@ def run(name: str, overrides: list[str], *, config: str, root: Path, extra: list
                                                              for m in metrics), 3)}
 
 
+def summary(per_seed: dict[int, dict]) -> dict:
+    """Mean and spread (population std) over seeds of each scalar a run reports."""
+    keys = [k for k, v in next(iter(per_seed.values())).items() if isinstance(v, float)]
+    out = {}
+    for k in keys:
+        vals = [r[k] for r in per_seed.values()]
+        out[k] = {"mean": round(statistics.fmean(vals), 4),
+                  "std": round(statistics.pstdev(vals), 4)}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", default="configs/babyai-local.yaml")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", required=True)
     p.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = p.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.settings:
-            rows[name] = run(name, SETTINGS[name], config=args.config, root=Path(tmp),
-                             extra=args.overrides)
-            print(name, {k: v for k, v in rows[name].items() if k != "success"}, flush=True)
+        for seed in args.seeds:  # seeds outermost: a late load spike hits every setting alike
+            for name in args.settings:
+                r = run(f"{name} seed{seed}", SETTINGS[name], config=args.config, root=Path(tmp),
+                        extra=[f"seed={seed}", *args.overrides])
+                rows.setdefault(name, {"overrides": SETTINGS[name], "seeds": {}})["seeds"][seed] = r
+                print(name, seed, {k: v for k, v in r.items() if k != "success"}, flush=True)
+    for row in rows.values():
+        row["summary"] = summary(row["seeds"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "command": " ".join(["python bench/precision.py", *sys.argv[1:]]),

@@ -38,8 +38,10 @@ def overrides(variant: str) -> list[str]:
 def train(config: str, variant: str, seed: int, runs: Path, extra: list[str]) -> Path:
     """One run (bench/long_horizon.py's: a subprocess, continued if an earlier invocation
     left it) under RUNS/<variant>/seed<S>."""
+    # fp32, not the embedded default's auto: the comparison then means the same on every CPU.
+    fixed = ["learner.dtype=fp32", "generator.dtype=float32"]
     run_dir, _, _ = long_horizon.train(config, seed, runs / variant.replace(":", ""),
-                                       [*overrides(variant), *extra])
+                                       [*fixed, *overrides(variant), *extra])
     return run_dir
 
 

@@ -80,8 +80,11 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
         path.write_text("".join(f"{line}\n" for line in keep))
 
 
-def write_probe(folder: Path, ids: list[int], logprobs: list[float]) -> None:
-    (folder / PROBE_FILE).write_text(json.dumps({"input_ids": ids, "logprobs": logprobs}))
+def write_probe(folder: Path, ids: list[int], logprobs: list[float], dtype: str = "fp32") -> None:
+    """The probe's logprobs and the precision the learner computed them in (`learner.dtype`
+    resolved), so a check recomputes them in the same one."""
+    (folder / PROBE_FILE).write_text(json.dumps({"input_ids": ids, "logprobs": logprobs,
+                                                 "dtype": dtype}))
 
 
 def prune_checkpoints(run_dir: Path, *, keep: int) -> list[Path]:

@@ -226,7 +226,22 @@ class RunConfig(BaseModel):
                 raise ValueError(f"curriculum.env_weights: stage {stage} gives every env "
                                  "weight 0")
         self._window_fits()
+        self._async_fits()
         return self
+
+    def _async_fits(self) -> None:
+        """Learner settings that async mode would otherwise ignore without a word."""
+        if self.mode != "async":
+            return
+        if self.learner.dynamic_sampling:
+            raise ValueError("learner.dynamic_sampling does not work with mode=async: the "
+                             "async driver trains on whatever groups have arrived and does not "
+                             "sample more; use mode=sync or dynamic_sampling=false")
+        if self.learner.weight_sync == "broadcast":
+            raise ValueError("learner.weight_sync=broadcast does not work with mode=async: "
+                             "async generators pick up new weights through the object store "
+                             "when their rollout ends; use mode=sync or "
+                             "weight_sync=object_store")
 
     def _window_fits(self) -> None:
         """Window-context episodes train one row per turn; the learners that need the whole

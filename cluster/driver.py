@@ -85,6 +85,10 @@ class Trainer:
         self.learner = LearnerGroup(resolved_learner(cfg), model_path=self.model_path,
                                     ref_model_path=self.base_model_path,
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
+        # What `auto` precisions became on the roles' devices, beside the config that asked.
+        self.precision = {"learner": self.learner.dtype, "generator": "+".join(sorted(set(
+            ray.get([g.precision.remote() for g in self.generators]))))}
+        (run_dir / "precision.json").write_text(json.dumps(self.precision))
         if resume:
             self._restore_learner(resume)
         self.weights = make_weight_sync(cfg.learner, self.learner, self.generators)
@@ -339,7 +343,7 @@ class Trainer:
         self.learner.save_checkpoint(tmp / LEARNER_DIR)
         for f in Path(self.base_model_path).glob("tokenizer*"):
             shutil.copy(f, tmp / f.name)
-        write_probe(tmp, PROBE_IDS, self.learner.score([PROBE_IDS])[0])
+        write_probe(tmp, PROBE_IDS, self.learner.score([PROBE_IDS])[0], self.learner.dtype)
         write_state(tmp, {"step": self.step_count, "policy_version": self.policy_version,
                           "curriculum": ray.get(self.curriculum.get_state.remote()),
                           "base_model_path": self.base_model_path,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from cluster.checkpoints import LEARNER_DIR, PROBE_FILE, STATE_FILE, find_checkpoint
 
-# fp32 on both sides; the exported weights are the learner's bit for bit.
+# The same precision on both sides (the probe says which); the exported weights are the
+# learner's bit for bit (bf16 ones stored as fp32, exactly).
 PROBE_TOL = 1e-4
 
 
@@ -33,14 +34,16 @@ def export_hf(source: str, out: str | Path) -> tuple[Path, float]:
 
 
 def probe_diff(model_dir: Path, probe_file: Path) -> float:
-    """Max |logprob| difference between the model at `model_dir` (transformers) and a probe."""
+    """Max |logprob| difference between the model at `model_dir` (transformers, in the
+    probe's precision) and a probe."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from learner.algorithms import token_logprobs
 
     probe = json.loads(probe_file.read_text())
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    dtype = torch.bfloat16 if probe.get("dtype") == "bf16" else torch.float32  # older: fp32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     ids = torch.tensor([probe["input_ids"]])
     with torch.no_grad():
         got = token_logprobs(model(input_ids=ids).logits, ids)[0].tolist()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from cluster.config import RunConfig
+from protos.precision import engine_dtype, learner_dtype
 
 
 def placement_plan(cfg: RunConfig) -> list[tuple[str, int, dict[str, float]]]:
@@ -75,10 +76,13 @@ def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
     rows_per_micro = max(1, episodes // (learner.world_size * learner.minibatches))
     tokens = learner.micro_batch_tokens or rows_per_micro * g.max_context_tokens
     shape = model_shape(cfg)
+    # The plan is per GPU, and `auto` means bf16 on the GPUs it is for (Ampere and later).
     plans = memory_plan(
-        shape, zero_stage=learner.zero_stage, world_size=learner.world_size, dtype=learner.dtype,
+        shape, zero_stage=learner.zero_stage, world_size=learner.world_size,
+        dtype=learner_dtype(learner.dtype, native_bf16=True),
         micro_batch_tokens=tokens, checkpointing=learner.gradient_checkpointing,
-        kl_coef=learner.kl_coef, generator_dtype=g.dtype, context_tokens=g.max_context_tokens,
+        kl_coef=learner.kl_coef, context_tokens=g.max_context_tokens,
+        generator_dtype=engine_dtype(g.dtype, native_bf16=True),
         gpu_memory_utilization=g.gpu_memory_utilization)
     n = shape.params()
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"

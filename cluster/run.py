@@ -65,8 +65,9 @@ def _unfinished_warm_start(cfg: RunConfig) -> Path | None:
 def _rl(cfg: RunConfig, *, run_dir: Path, state: object, trainer_cls: type, t0: float) -> None:
     """The RL phase: iterations with progress, periodic and final checkpoints."""
     with trainer_cls(cfg, run_dir=run_dir, resume=state) as trainer:
-        print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s; training to "
-              f"{cfg.iterations} iterations", flush=True)
+        print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s (learner "
+              f"{trainer.precision['learner']}, vLLM {trainer.precision['generator']}); training "
+              f"to {cfg.iterations} iterations", flush=True)
         progress = ProgressReporter(total=cfg.iterations, done=trainer.step_count)
         stop = StopRequest()
         try:

@@ -107,11 +107,12 @@ class LearnerConfig(BaseModel):
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs per rank (0 on CPU).")
     torch_threads: int = Field(1, ge=1, description="Intra-op threads per rank.")
     zero_stage: Literal[1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
-    dtype: Literal["fp32", "bf16"] = Field(
+    dtype: Literal["fp32", "bf16", "auto"] = Field(
         "fp32", description="Compute precision of the policy (and critic and reference): bf16 "
         "trains through DeepSpeed's bf16 mode, fp32 master weights in the optimizer; logprobs "
         "and losses are computed in fp32 either way. Needs bf16 hardware (GPUs from Ampere; "
-        "CPUs with AVX-512 BF16 or AMX, as docs/precision.md measures).")
+        "CPUs with AVX-512 BF16 or AMX, as docs/precision.md measures). auto: bf16 where each "
+        "rank's device has it natively, else fp32 (all ranks must agree).")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (HF gradient "
         "checkpointing): less memory for long sequences, ~30% more compute.")

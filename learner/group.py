@@ -40,6 +40,15 @@ def groups_with_signal(trajs: Sequence[Trajectory]) -> list[str]:
     return [g for g, r in rewards.items() if len(r) > 1]
 
 
+def agreed_precision(per_rank: Sequence[str]) -> str:
+    """The one dtype all ranks resolved `learner.dtype` to; ranks that would mix precisions
+    (`auto` on nodes with and without bf16) are refused before their process group forms."""
+    if len(set(per_rank)) != 1:
+        raise ValueError(f"learner.dtype resolved to {list(per_rank)} across ranks (`auto` on "
+                         "nodes with and without native bf16): set learner.dtype to fp32 or bf16")
+    return per_rank[0]
+
+
 class LearnerGroup:
     """`world_size` LearnerWorker actors on one placement group."""
 
@@ -62,6 +71,7 @@ class LearnerGroup:
                 seed=seed, ref_model_path=ref_model_path)
             for rank in range(cfg.world_size)
         ]
+        self.dtype = agreed_precision(ray.get([w.precision.remote() for w in self.workers]))
         # Rank 0's node, not 127.0.0.1: ranks may sit on different nodes of a real cluster.
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
         ray.get([w.setup.remote(addr, port) for w in self.workers])

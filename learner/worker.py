@@ -1,7 +1,8 @@
 """LearnerWorker: one DeepSpeed ZeRO rank holding the policy, a frozen reference model and,
 for PPO, a critic engine.
 
-Plain class, made remote at the edge by `LearnerGroup`. Ranks meet over gloo on 127.0.0.1.
+Plain class, made remote at the edge by `LearnerGroup`. Ranks meet at rank 0's node IP (Ray's
+view of it), over gloo on CPU and NCCL on GPUs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from learner import algorithms as alg
 from learner.batch import micro_batch_count, micro_batches, split_rows, trim
 from learner.config import LearnerConfig
 from learner.objectives import importance_weights, policy_objective, value_objective, whiten
+from protos.precision import bf16_native, learner_dtype
 
 
 def lr_factor(step: int, *, cfg: LearnerConfig) -> float:
@@ -85,6 +87,14 @@ class LearnerWorker:
         torch.manual_seed(seed)
         self.updates = 0
 
+    def precision(self) -> str:
+        """The dtype this rank computes in, "fp32" or "bf16": `auto` is decided by the device
+        it trains on (the group checks that all ranks agree before they meet)."""
+        _, ordinal = self.assigned_gpu()
+        on_gpu = ordinal is not None and torch.cuda.is_available()
+        return learner_dtype(self.cfg.dtype,
+                             native_bf16=bf16_native(f"cuda:{ordinal}" if on_gpu else "cpu"))
+
     def rendezvous_address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group: its node's IP and a free port there."""
         import socket
@@ -123,6 +133,7 @@ class LearnerWorker:
         # DeepSpeed 0.19's ZeRO gathers call a torch API deprecated in 2.13, once per step.
         warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*",
                                 category=FutureWarning)
+        self.cfg = self.cfg.model_copy(update={"dtype": self.precision()})
         cfg = self.cfg
         if not cfg.shm_allreduce:
             # Skips the 1-2 min gcc build of the shm allreduce; DeepSpeed then uses gloo alone.

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from learner.config import LearnerConfig
+from protos.precision import bf16_native, learner_dtype
 from protos.trajectory import Trajectory
 
 pytestmark = pytest.mark.integration
@@ -153,7 +154,10 @@ def test_zero_stage_matches_torch_reference(ray_local, batches, tiny_model_path,
 
 @pytest.mark.parametrize("kw,tol", [
     pytest.param({"gradient_checkpointing": True}, LOSS_TOL, marks=pytest.mark.slow),
-    ({"dtype": "bf16"}, BF16_LOSS_TOL)], ids=["checkpointing", "bf16"])
+    ({"dtype": "bf16"}, BF16_LOSS_TOL),
+    # auto: this host's rule (bf16 where the CPU has AVX-512 BF16 or AMX), every rank alike.
+    pytest.param({"dtype": "auto"}, BF16_LOSS_TOL if bf16_native("cpu") else LOSS_TOL,
+                 marks=pytest.mark.slow)], ids=["checkpointing", "bf16", "auto"])
 def test_precision_and_checkpointing_match_the_fp32_reference(ray_local, batches,
                                                                tiny_model_path, tokenizer, kw,
                                                                tol):
@@ -170,7 +174,8 @@ def test_precision_and_checkpointing_match_the_fp32_reference(ray_local, batches
     diff = max(abs(a - b) for a, b in zip(got, want))
     print(f"\n{kw}: losses {[round(x, 6) for x in got]}; max |got - fp32 torch| {diff:.2e}")
     assert diff < tol, (got, want)
-    if cfg.dtype == "bf16":
+    assert group.dtype == learner_dtype(cfg.dtype, native_bf16=bf16_native("cpu"))
+    if group.dtype == "bf16":
         assert diff > 1e-6, "bf16 gave fp32's losses exactly: it did not run in bf16"
 
 

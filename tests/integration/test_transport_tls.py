@@ -28,7 +28,7 @@ def _traj(i: int) -> Trajectory:
 
 def self_signed(out: Path) -> tuple[Path, Path]:
     """(cert.pem, key.pem) in `out`: self-signed, valid for IP 127.0.0.1, its own CA."""
-    x509 = pytest.importorskip("cryptography.x509", reason="needs the cryptography package")
+    from cryptography import x509  # a dev dependency (pyproject.toml)
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID

@@ -32,6 +32,16 @@ def test_bad_values_name_the_field(override, needle):
         load_config(ROOT / "configs/babyai-local.yaml", [override])
 
 
+@pytest.mark.parametrize("override,needle", [
+    ("learner.dynamic_sampling=true", r"learner\.dynamic_sampling .*mode=async"),
+    ("learner.weight_sync=broadcast", r"learner\.weight_sync=broadcast .*mode=async"),
+])
+def test_settings_async_mode_would_ignore_are_refused_naming_both_fields(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(ROOT / "configs/babyai-local.yaml", ["mode=async", override])
+    load_config(ROOT / "configs/babyai-local.yaml", ["mode=sync", override])  # fine in sync
+
+
 def test_missing_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent.yaml")

@@ -1,0 +1,68 @@
+"""`auto` precision: one rule for the learner and the generators, decided by the device."""
+
+from __future__ import annotations
+
+import pytest
+
+from learner.group import agreed_precision
+from protos.precision import bf16_native, cpu_flags, engine_dtype, learner_dtype
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+flags\t\t: fpu sse2 avx2 avx512f {extra}
+processor\t: 1
+flags\t\t: fpu sse2 avx2 avx512f {extra}
+"""
+
+
+@pytest.mark.parametrize("extra,native", [("avx512_bf16", True), ("amx_tile amx_bf16", True),
+                                          ("avx512vl", False), ("", False)])
+def test_cpu_bf16_is_native_with_avx512_bf16_or_amx(tmp_path, extra, native):
+    info = tmp_path / "cpuinfo"
+    info.write_text(CPUINFO.format(extra=extra))
+    flags = cpu_flags(info)
+    assert "avx2" in flags and "avx512f" in flags
+    assert bf16_native("cpu", flags=flags) is native
+
+
+def test_no_cpuinfo_means_no_native_bf16(tmp_path):
+    assert cpu_flags(tmp_path / "missing") == set()
+    assert bf16_native("cpu", flags=set()) is False
+
+
+def test_cuda_without_a_gpu_is_not_native_bf16():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the CUDA answer is the device's own")
+    assert bf16_native("cuda:0") is False
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_resolves_alike_for_both_roles_and_explicit_settings_stay(native):
+    want = "bf16" if native else "fp32"
+    assert learner_dtype("auto", native_bf16=native) == want
+    assert engine_dtype("auto", native_bf16=native) == {"bf16": "bfloat16", "fp32": "float32"}[want]
+    for setting in ("fp32", "bf16"):
+        assert learner_dtype(setting, native_bf16=not native) == setting
+    for setting in ("float32", "bfloat16", "float16"):
+        assert engine_dtype(setting, native_bf16=not native) == setting
+
+
+def test_learner_ranks_that_resolve_differently_are_refused():
+    assert agreed_precision(["bf16", "bf16"]) == "bf16"
+    with pytest.raises(ValueError, match=r"\['bf16', 'fp32'\].*set learner.dtype"):
+        agreed_precision(["bf16", "fp32"])
+
+
+def test_the_memory_plan_counts_auto_as_bf16(capsys):
+    """The plan is per GPU, where `auto` means bf16."""
+    from cluster.config import load_config
+    from cluster.plan import memory_report
+
+    printed = {}
+    for learner, engine in (("auto", "auto"), ("bf16", "bfloat16"), ("fp32", "float32")):
+        memory_report(load_config("configs/babyai-local.yaml", [
+            f"learner.dtype={learner}", f"generator.dtype={engine}"]), gpu_gib=None)
+        printed[learner] = capsys.readouterr().out
+    assert printed["auto"] == printed["bf16"] != printed["fp32"]
