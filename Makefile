@@ -55,6 +55,10 @@ test: install
 test-all: install
 	$(PY) -m pytest -q tests
 
+# Only the slow set (what `make test` leaves out); CI runs it after `make test`.
+test-slow: install
+	$(PY) -m pytest -q -m slow tests
+
 # Faults injected into the real stack, each ending with a reconciled trajectory ledger.
 test-chaos: install
 	$(PY) -m pytest -q -m chaos tests

@@ -89,8 +89,9 @@ def weight_sync_flow(model_path: str | Path, *, learner_cfg: LearnerConfig,
         ingest_address="127.0.0.1:9")  # never dialled: this flow rolls nothing out
     gens: list[Any] = [gen]  # both syncs hold this list, as the driver's
     broadcast, object_store = (
-        make_weight_sync(learner_cfg.model_copy(update={"weight_sync": kind}), learner, gens,
-                         timeout_s=timeout_s) for kind in ("broadcast", "object_store"))
+        make_weight_sync(learner_cfg.model_copy(update={"weight_sync": kind,
+                                                        "weight_sync_timeout_s": timeout_s}),
+                         learner, gens) for kind in ("broadcast", "object_store"))
     vocab = min(len(tok), 2000)
     seqs = _sequences(vocab, n=4, seed=seed)
     examples = [SFTExample(tuple(s), (0,) + (1,) * (len(s) - 1))
@@ -109,7 +110,7 @@ def weight_sync_flow(model_path: str | Path, *, learner_cfg: LearnerConfig,
             before = ray.get(gens[0].score.remote(seqs))
             learner.train_sft(examples)
             want = learner.score(seqs)
-            metrics = sync.push(version)
+            metrics = sync.push(version).metrics()
             got = ray.get(gens[0].score.remote(seqs))
             checks.append(PushCheck(
                 label=label, strategy="broadcast" if sync is broadcast else "object_store",

@@ -20,6 +20,7 @@ from typing import Any
 
 from cluster.driver import Trainer
 from cluster.iteration import Gathered, sample_tasks
+from learner.weights import SyncStats
 from protos.trajectory import Trajectory
 
 
@@ -40,17 +41,13 @@ class AsyncTrainer(Trainer):
         self.gen_versions = [self.policy_version] * len(self.generators)
         self.buffer: list[Trajectory] = []
         self.rollouts = 0  # rollout calls issued: seeds the task draw of each
-        self._weights: tuple[int, Any] | None = None  # (version, ObjectRef of the state dict)
-        self._reload_seconds: list[Any] = []
+        self._reload_seconds: list[Any] = []  # ObjectRefs of hand-offs not yet reported
 
     def _submit(self, i: int) -> None:
         """Give generator i the newest weights (if it lags) and its next rollout."""
         g = self.generators[i]
         if self.gen_versions[i] < self.policy_version:
-            if self._weights is None or self._weights[0] != self.policy_version:
-                self._weights = (self.policy_version, self.learner.state_dict_ref())
-            self._reload_seconds.append(g.update_weights.remote(self._weights[1],
-                                                                self.policy_version))
+            self._reload_seconds.append(self.weights.hand_off(i, self.policy_version))
             self.gen_versions[i] = self.policy_version
         tasks = sample_tasks(self.cfg, self.rollouts)
         self.inflight[i] = g.rollout.remote(tasks, step=self.rollouts,
@@ -109,7 +106,7 @@ class AsyncTrainer(Trainer):
         # only make the data in flight look staler than it is.
         return learn.get("skipped_update", 0.0) == 0.0
 
-    def _push_weights(self) -> dict[str, float]:
+    def _push_weights(self) -> SyncStats:
         """Nothing to wait for: each generator picks the new weights up when its rollout ends.
         Reports the reloads that finished since the last step."""
         import ray
@@ -117,8 +114,7 @@ class AsyncTrainer(Trainer):
         done, self._reload_seconds = ray.wait(self._reload_seconds,
                                               num_returns=len(self._reload_seconds), timeout=0)
         secs = ray.get(done)
-        return {"weight_sync_seconds": 0.0,
-                "weight_reload_seconds": max(secs) if secs else 0.0}
+        return SyncStats(seconds=0.0, reload_seconds=max(secs) if secs else 0.0)
 
     def close(self) -> None:
         import ray

@@ -44,7 +44,7 @@ from envpool.pool import EnvPool
 from learner.batch import apply_overlong
 from learner.group import LearnerGroup, groups_with_signal
 from learner.ingest import TrajectoryIngest, is_wildcard
-from learner.weights import make_weight_sync
+from learner.weights import SyncStats, make_weight_sync
 from protos.chat import load_tokenizer
 from protos.codec import to_json_line
 from protos.trajectory import Trajectory
@@ -131,9 +131,9 @@ class Trainer:
 
         new = self._spawn_generator(i)
         ray.get(new.ready.remote())
-        ray.get(new.update_weights.remote(self.learner.state_dict_ref(), self.policy_version))
-        ray.get(self.curriculum.register.remote(f"gen{i}", new))
         self.generators[i] = new  # the weight sync holds this same list
+        self.weights.resync(i, self.policy_version)
+        ray.get(self.curriculum.register.remote(f"gen{i}", new))
         self.generator_restarts += 1
 
     def _rollout(self, tasks: list[Task], step: int) -> list[dict[str, Any]]:
@@ -211,7 +211,7 @@ class Trainer:
         decision = ray.get(self.curriculum.last_decision.remote())
         secs = {k: float(sum(o["seconds"][k] for o in outs))
                 for k in ("generate", "env", "transport")}
-        secs.update(rollout=t_rollout, learn=t_learn, weight_sync=sync["weight_sync_seconds"],
+        secs.update(rollout=t_rollout, learn=t_learn, weight_sync=sync.seconds,
                     iteration=time.perf_counter() - t_start)
         tokens = sum(o["generated_tokens"] for o in outs)
         prompt_tokens = sum(o["prompt_tokens"] for o in outs)
@@ -233,8 +233,8 @@ class Trainer:
              # Prompt tokens the engine read per step, and the share its prefix cache served.
              "prompt_tokens": prompt_tokens,
              "prefix_cache_hit_rate": cached / max(prompt_tokens, 1),
-             "learner": learn, "weight_reload_seconds": sync["weight_reload_seconds"],
-             "weight_sync": {k: v for k, v in sync.items()  # the seconds are in seconds/
+             "learner": learn, "weight_reload_seconds": sync.reload_seconds,
+             "weight_sync": {k: v for k, v in sync.metrics().items()  # seconds: in seconds/
                              if k not in ("weight_sync_seconds", "weight_reload_seconds")}}
         m["env"] = env_metrics(self.cfg, trajs, outs)
         every = self.cfg.eval.every
@@ -303,9 +303,40 @@ class Trainer:
     def _bumps_version(self, learn: dict[str, float]) -> bool:
         return True  # sync: every iteration is a version (generators reload in lock-step)
 
-    def _push_weights(self) -> dict[str, float]:
-        """Sync mode: every generator reloads the new weights before the next rollout."""
+    def _push_weights(self) -> SyncStats:
+        """Sync mode: every generator reloads the new weights before the next rollout. One
+        that died before or during the push is restarted (and re-synced on its own), and the
+        push is repeated over the new list; a broadcast group re-forms for it."""
+        import ray
+
+        try:
+            return self.weights.push(self.policy_version)
+        except (ray.exceptions.RayError, TimeoutError):
+            dead = self._dead_generators()
+            if not dead:
+                raise
+        for i in dead:
+            print(f"[horizonrl] generator gen{i} died during the weight push; restarting it",
+                  flush=True)
+            self.restart_generator(i)
         return self.weights.push(self.policy_version)
+
+    def _dead_generators(self) -> list[int]:
+        """Indices of generators whose actor is gone. Live ones may still be inside a failed
+        collective until its timeout, so they get that long to answer."""
+        import ray
+
+        refs = [g.ready.remote() for g in self.generators]
+        ray.wait(refs, num_returns=len(refs), timeout=self.cfg.learner.weight_sync_timeout_s + 30)
+        dead = []
+        for i, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError:
+                dead.append(i)
+            except ray.exceptions.GetTimeoutError:
+                pass  # alive but still stuck: not something a restart fixes
+        return dead
 
     def evaluate(self) -> dict[str, float]:
         """Eval-split accuracy (and pass@samples) per env and turn budget with the current
@@ -378,5 +409,6 @@ class Trainer:
         if self.exporter is not None:
             self.exporter.close()
         self.metrics.close()
+        self.weights.close()  # a broadcast group is left before its learner rank goes
         self.learner.shutdown()
         self.ingest.stop()

@@ -153,6 +153,9 @@ class LearnerConfig(BaseModel):
         "broadcast (rank 0 broadcasts it in buckets over a process group with the engines: "
         "NCCL when every member has a GPU of its own, else gloo). Async runs always hand "
         "weights over through the object store.")
+    weight_sync_timeout_s: float = Field(
+        300.0, gt=0, description="Most seconds a weight push may take; also the broadcast "
+        "group's collective timeout, so a member that died mid-push frees the others after it.")
     weight_bucket_mb: float = Field(
         64.0, gt=0, description="Broadcast: most MiB per bucket (one flat broadcast each; "
         "bounds the extra memory on both sides); a larger tensor is sent alone.")

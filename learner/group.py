@@ -300,7 +300,6 @@ class LearnerGroup:
         """Every rank's part of one push, as refs: the receivers must be receiving meanwhile."""
         return [w.broadcast_weights.remote(buckets) for w in self.workers]
 
-    def leave_weight_group(self) -> None:
-        import ray
-
-        ray.get(self.workers[0].leave_weight_group.remote())
+    def leave_weight_group_ref(self) -> Any:
+        """Rank 0 leaves the broadcast group; an ObjectRef of the call."""
+        return self.workers[0].leave_weight_group.remote()

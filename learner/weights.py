@@ -1,4 +1,6 @@
-"""Weight sync from the learner to the generators, behind one interface (`WeightSync`).
+"""Weight sync from the learner to the generators, behind one interface (`WeightSync`): the
+only way weights reach generators, whether all of them reload in lock-step (sync mode), one
+picks them up between rollouts (async mode) or a restarted one catches up.
 
 Two strategies, picked by `learner.weight_sync`:
 - object_store: rank 0 gathers the full HF state dict, it goes to every generator through Ray's
@@ -7,14 +9,15 @@ Two strategies, picked by `learner.weight_sync`:
   broadcasts the state dict in buckets (NCCL on GPUs, gloo on CPU; the same code path). The
   receivers' half is in `actors.weight_receiver`.
 Both send the full state dict including a tied `lm_head.weight`: vLLM leaves a tied head stale
-when it is missing.
+when it is missing. A single generator (an async hand-off, a restart) always reloads through the
+object store: a broadcast group is re-formed at the next full push instead.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -25,16 +28,48 @@ from protos.weight_wire import Backend, BroadcastGroup, Bucket, TensorSpec
 ALIGN = 16  # bytes: each tensor starts aligned so the receiver can view it in any dtype
 
 
+@dataclass(frozen=True, slots=True)
+class SyncStats:
+    """What one push cost. The broadcast-only figures are None for the object store."""
+
+    seconds: float  # the push as its caller waited for it
+    reload_seconds: float  # the slowest generator's load of the new weights
+    bytes: float | None = None  # sent by learner rank 0
+    buckets: float | None = None
+    group_setup_seconds: float | None = None  # forming the group (0 when it already existed)
+
+    def metrics(self) -> dict[str, float]:
+        """The figures under their metric names (`weight_sync_seconds`, ...)."""
+        names = {"seconds": "weight_sync_seconds", "reload_seconds": "weight_reload_seconds",
+                 "bytes": "weight_sync_bytes", "buckets": "weight_sync_buckets",
+                 "group_setup_seconds": "weight_group_setup_seconds"}
+        return {names[k]: getattr(self, k) for k in names if getattr(self, k) is not None}
+
+
 class WeightSync(Protocol):
-    """Pushes the learner's current weights to the generators as `version`."""
+    """The learner's current weights to the generators (the driver's own list, so a restarted
+    generator swapped into it is the one reached)."""
 
-    def push(self, version: int) -> dict[str, float]: ...
+    def push(self, version: int) -> SyncStats:
+        """Every generator reloads `version`; returns when all have."""
+        ...
+
+    def hand_off(self, index: int, version: int) -> Any:
+        """Generator `index` reloads `version` without waiting (async mode); an ObjectRef of
+        its reload seconds."""
+        ...
+
+    def resync(self, index: int, version: int) -> float:
+        """Generator `index` (restarted) reloads `version`; returns its reload seconds."""
+        ...
+
+    def close(self) -> None: ...
 
 
-def make_weight_sync(cfg: LearnerConfig, learner: Any, generators: list[Any], *,
-                     timeout_s: float = 300.0) -> WeightSync:
+def make_weight_sync(cfg: LearnerConfig, learner: Any, generators: list[Any]) -> WeightSync:
     """The strategy `cfg.weight_sync` names. `generators` is the driver's own list: a restarted
     generator swapped into it is seen by the next push."""
+    timeout_s = cfg.weight_sync_timeout_s
     if cfg.weight_sync == "broadcast":
         return BroadcastWeightSync(learner, generators, timeout_s=timeout_s,
                                    bucket_bytes=int(cfg.weight_bucket_mb * 2**20))
@@ -48,16 +83,31 @@ class ObjectStoreWeightSync:
         self.learner = learner
         self.generators = generators  # the driver's own list: a restarted generator is in it
         self.timeout_s = timeout_s
+        # Async hand-offs of one version share one copy; dropped when a newer one is asked for.
+        self._state: tuple[int, Any] | None = None
 
-    def push(self, version: int) -> dict[str, float]:
+    def push(self, version: int) -> SyncStats:
         import ray
 
         t0 = time.perf_counter()
+        self._state = None  # not kept past the push: the object store holds it only while used
         ref = self.learner.state_dict_ref()
         reload_s = ray.get([g.update_weights.remote(ref, version) for g in self.generators],
                            timeout=self.timeout_s)
-        return {"weight_sync_seconds": time.perf_counter() - t0,
-                "weight_reload_seconds": max(reload_s)}
+        return SyncStats(seconds=time.perf_counter() - t0, reload_seconds=max(reload_s))
+
+    def hand_off(self, index: int, version: int) -> Any:
+        if self._state is None or self._state[0] != version:
+            self._state = (version, self.learner.state_dict_ref())
+        return self.generators[index].update_weights.remote(self._state[1], version)
+
+    def resync(self, index: int, version: int) -> float:
+        import ray
+
+        return ray.get(self.hand_off(index, version), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self._state = None
 
 
 # -- broadcast --------------------------------------------------------------------------------
@@ -147,27 +197,28 @@ def _get_all(refs: list[Any], timeout_s: float) -> list[Any]:
     return ray.get(refs)
 
 
-class BroadcastWeightSync:
-    """Learner rank 0 broadcasts the full state dict in buckets to one receiver per generator.
+class BroadcastWeightSync(ObjectStoreWeightSync):
+    """Learner rank 0 broadcasts the full state dict in buckets to one receiver per generator;
+    single generators (`hand_off`, `resync`) reload through the object store as the base does.
 
-    The group (learner rank 0 is rank 0, generator i is rank i + 1) is formed on the first push,
-    so async runs, which hand weights over through the object store, never build one. It is
-    re-formed as a whole when the driver's generator list changed (a restarted generator is
-    swapped into it) or a push failed: simpler and safer than patching one rank into a live NCCL
-    communicator, and restarts are rare. Each member leaves its old group when it joins anew.
+    The group (learner rank 0 is rank 0, generator i is rank i + 1) is formed on the first push.
+    It is re-formed as a whole when the driver's generator list changed (a restarted generator
+    is swapped into it) or a push failed: simpler and safer than patching one rank into a live
+    NCCL communicator, and restarts are rare. Each member leaves its old group when it joins
+    anew.
     """
 
     def __init__(self, learner: Any, generators: list[Any], *, bucket_bytes: int,
                  timeout_s: float = 300.0) -> None:
-        self.learner = learner
-        self.generators = generators  # the driver's own list (see make_weight_sync)
-        self.bucket_bytes, self.timeout_s = bucket_bytes, timeout_s
+        super().__init__(learner, generators, timeout_s=timeout_s)
+        self.bucket_bytes = bucket_bytes
         self.buckets: list[Bucket] = []
         self.backend: Backend | None = None
         self._members: list[Any] | None = None  # the handles the live group was formed with
 
-    def push(self, version: int) -> dict[str, float]:
+    def push(self, version: int) -> SyncStats:
         t0 = time.perf_counter()
+        self._state = None
         setup_s = 0.0 if self._formed() else self._form()
         try:
             sent = self.learner.broadcast_weights_refs(self.buckets)
@@ -177,11 +228,9 @@ class BroadcastWeightSync:
             self._members = None  # a member died or hung: the next push forms a new group
             raise
         nbytes, reload_s = max(results[:len(sent)]), results[len(sent):]
-        return {"weight_sync_seconds": time.perf_counter() - t0,
-                "weight_reload_seconds": max(reload_s),
-                "weight_sync_bytes": float(nbytes),
-                "weight_sync_buckets": float(len(self.buckets)),
-                "weight_group_setup_seconds": setup_s}
+        return SyncStats(seconds=time.perf_counter() - t0, reload_seconds=max(reload_s),
+                         bytes=float(nbytes), buckets=float(len(self.buckets)),
+                         group_setup_seconds=setup_s)
 
     def _formed(self) -> bool:
         members = self._members
@@ -212,11 +261,14 @@ class BroadcastWeightSync:
         """Leave the group on every member still alive (best effort)."""
         import ray
 
-        members, self._members = self._members or [], None
+        super().close()
+        members, self._members = self._members, None
+        if members is None:
+            return  # no live group: none formed, or a failed push dropped it
         refs = [g.leave_weight_group.remote() for g in members]
+        refs.append(self.learner.leave_weight_group_ref())
         for ref in refs:
             try:
                 ray.get(ref, timeout=30)
             except (ray.exceptions.RayError, TimeoutError):
                 pass  # a dead member has nothing left to close
-        self.learner.leave_weight_group()

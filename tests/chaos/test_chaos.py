@@ -162,3 +162,34 @@ def test_learner_rank_killed_then_resume(tmp_path):
     print(f"\nledger after resume: {led}")
     assert [m["step"] for m in metrics] == [1, 2] and metrics[-1]["policy_version"] == 3
     assert led["reconciled"] and led["generated"] == 3 * 16
+
+
+def test_generator_killed_during_a_broadcast_push(tmp_path):
+    """Weights go out by broadcast (gloo here, NCCL on GPUs). On the second push the generator's
+    process is SIGKILLed right after learner rank 0 has started sending: the push fails for it,
+    rank 0 is freed by the group's timeout, the generator is restarted and re-synced through the
+    object store, the push is repeated over a re-formed group, and training goes on."""
+    import ray
+
+    cfg = _cfg(tmp_path, None, "learner.weight_sync=broadcast",
+               "learner.weight_sync_timeout_s=20")
+    pushes = []
+
+    def kill_mid_push(trainer):
+        send = trainer.learner.broadcast_weights_refs
+        pid = ray.get(trainer.generators[0].health.remote())["pid"]
+
+        def send_then_kill(buckets):
+            refs = send(buckets)
+            pushes.append(len(refs))
+            if len(pushes) == 2:
+                os.kill(pid, signal.SIGKILL)
+            return refs
+
+        trainer.learner.broadcast_weights_refs = send_then_kill
+
+    trainer, metrics, _led = _run(cfg, during=kill_mid_push)
+    assert trainer.generator_restarts == 1
+    assert len(pushes) == 4  # 3 steps, the second pushed twice
+    assert [m["policy_version"] for m in metrics] == [1, 2, 3]
+    assert all(m["weight_sync"]["weight_sync_bytes"] > 0 for m in metrics)

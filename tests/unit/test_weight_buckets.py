@@ -179,3 +179,14 @@ def test_gloo_pushes_reach_the_worker_extension(tied_model, take) -> None:
     assert list(worker.loaded) == want
     for k in want:
         assert torch.equal(worker.loaded[k], second[k]), k
+
+
+def test_sync_stats_name_the_same_metrics_for_both_strategies():
+    from learner.weights import SyncStats
+
+    store = SyncStats(seconds=0.5, reload_seconds=0.2)
+    assert store.metrics() == {"weight_sync_seconds": 0.5, "weight_reload_seconds": 0.2}
+    cast = SyncStats(seconds=0.5, reload_seconds=0.2, bytes=1024.0, buckets=3.0,
+                     group_setup_seconds=0.0)
+    assert cast.metrics() == {**store.metrics(), "weight_sync_bytes": 1024.0,
+                              "weight_sync_buckets": 3.0, "weight_group_setup_seconds": 0.0}
