@@ -76,10 +76,9 @@ class AsyncTrainer(Trainer):
             try:
                 out = ray.get(ready[0])
             except ray.exceptions.RayActorError:
-                print(f"[horizonrl] generator gen{i} died; restarting it", flush=True)
-                self.restart_generator(i)
-                self.ledger.add_generator_error(self.cfg.generator.tasks_per_step
-                                                * self.cfg.generator.group_size, self.step_count)
+                g = self.cfg.generator  # a rollout is one step's worth of tasks
+                self.replace_dead_generator(i, lost_episodes=g.tasks_per_step * g.group_size,
+                                            step=self.step_count, when="mid-rollout")
                 self.gen_versions[i] = self.policy_version
                 self._submit(i)
                 continue

@@ -259,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
             return dry_run(cfg, gpu_gib=args.gpu_memory_gib,
                            resources=_resources(args.resources) if args.resources else None)
         from cluster.driver import LearnerLost
+        from cluster.plan import DoesNotFit
         from cluster.run import train
 
         try:
             train(cfg, resume=args.resume)
-        except (FileNotFoundError, ConfigError) as exc:
+        except (FileNotFoundError, ConfigError, DoesNotFit) as exc:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 2
         except LearnerLost as exc:

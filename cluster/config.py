@@ -81,6 +81,11 @@ class RayConfig(BaseModel):
         4, ge=1, description="Logical CPUs of a local Ray: a scheduling budget, not cores; in "
         "sync mode the phases take turns on the real cores.",
     )
+    wait_for_resources_s: float = Field(
+        0.0, ge=0, description="At the start of a run, how long to wait for the cluster's free "
+        "resources to hold the run's actors (an autoscaling cluster adds nodes meanwhile), "
+        "printing what is missing; 0 fails at once with what is missing.",
+    )
 
 
 class MetricsConfig(BaseModel):

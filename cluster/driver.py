@@ -8,13 +8,10 @@ update -> weights pushed to the generators (policy_version + 1) -> the curriculu
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from actors.curriculum import CurriculumActor
 from actors.generator import GeneratorActor, Task
@@ -30,11 +27,14 @@ from cluster.config import RunConfig
 from cluster.iteration import (
     Gathered,
     collect_trajectories,
+    dead_actors,
     env_metrics,
     flatten,
+    open_ingest,
     resolved_learner,
     rollout_metrics,
     sample_tasks,
+    split_evenly,
 )
 from cluster.ledger import Ledger
 from cluster.metrics import MetricsLogger
@@ -43,7 +43,6 @@ from cluster.prometheus import PrometheusExporter
 from envpool.pool import EnvPool
 from learner.batch import apply_overlong
 from learner.group import LearnerGroup, groups_with_signal
-from learner.ingest import TrajectoryIngest, is_wildcard
 from learner.weights import SyncStats, make_weight_sync
 from protos.chat import load_tokenizer
 from protos.codec import to_json_line
@@ -68,12 +67,7 @@ class Trainer:
         self.step_count = resume.step if resume else 0
         self.policy_version = resume.policy_version if resume else 0
         self.generator_restarts = 0
-        ing = cfg.learner.ingest
-        self.ingest_token = os.environ.get(ing.auth_token_env) or None
-        self.ingest = TrajectoryIngest.from_config(ing, auth_token=self.ingest_token).start()
-        self.ingest_address = self.ingest.address
-        if is_wildcard(ing.host):  # bound to every interface: advertise this node's IP
-            self.ingest_address = f"{ray.util.get_node_ip_address()}:{self.ingest.port}"
+        self.ingest, self.ingest_address, self.ingest_token = open_ingest(cfg.learner.ingest)
         self.curriculum = ray.remote(num_cpus=0)(CurriculumActor).remote(cfg.curriculum)
         if resume:
             ray.get(self.curriculum.set_state.remote(resume.curriculum))
@@ -125,6 +119,14 @@ class Trainer:
                              seed=self.cfg.seed * 1000 + i,
                              policy_version=self.policy_version)
 
+    def replace_dead_generator(self, i: int, *, lost_episodes: int, step: int, when: str) -> None:
+        """The one recovery path for a dead generator (sync rollout, async rollout, weight
+        push): say so, restart it, and count the episodes that died with it (they never got an
+        id; anything it had pushed is dropped by id as `generator_lost`)."""
+        print(f"[horizonrl] generator gen{i} died {when}; restarting it", flush=True)
+        self.restart_generator(i)
+        self.ledger.add_generator_error(lost_episodes, step)
+
     def restart_generator(self, i: int) -> None:
         """Replace a dead generator: current weights, then the curriculum's current horizon."""
         import ray
@@ -141,8 +143,7 @@ class Trainer:
         share re-run under new trajectory ids (what it had sent is discarded by id)."""
         import ray
 
-        shares = [[tasks[i] for i in idx]
-                  for idx in np.array_split(np.arange(len(tasks)), len(self.generators))]
+        shares = split_evenly(tasks, len(self.generators))
         group = self.cfg.generator.group_size
         refs = [g.rollout.remote(s, step=step, group_size=group)
                 for g, s in zip(self.generators, shares)]
@@ -151,10 +152,9 @@ class Trainer:
             try:
                 outs.append(ray.get(ref))
             except ray.exceptions.RayActorError:
-                print(f"[horizonrl] generator gen{i} died in step {step}; restarting it and "
-                      f"re-running its {len(share)} tasks", flush=True)
-                self.restart_generator(i)
-                self.ledger.add_generator_error(len(share) * group, step)
+                self.replace_dead_generator(i, lost_episodes=len(share) * group, step=step,
+                                            when=f"in step {step} (its {len(share)} tasks "
+                                            "are re-run)")
                 outs.append(ray.get(self.generators[i].rollout.remote(
                     share, step=step, group_size=group)))
         return outs
@@ -312,31 +312,14 @@ class Trainer:
         try:
             return self.weights.push(self.policy_version)
         except (ray.exceptions.RayError, TimeoutError):
-            dead = self._dead_generators()
+            # Live generators may still be inside the failed collective until its timeout.
+            dead = dead_actors(self.generators, self.cfg.learner.weight_sync_timeout_s + 30)
             if not dead:
                 raise
-        for i in dead:
-            print(f"[horizonrl] generator gen{i} died during the weight push; restarting it",
-                  flush=True)
-            self.restart_generator(i)
+        for i in dead:  # its rollout had ended: no episodes lost
+            self.replace_dead_generator(i, lost_episodes=0, step=self.step_count,
+                                        when="during the weight push")
         return self.weights.push(self.policy_version)
-
-    def _dead_generators(self) -> list[int]:
-        """Indices of generators whose actor is gone. Live ones may still be inside a failed
-        collective until its timeout, so they get that long to answer."""
-        import ray
-
-        refs = [g.ready.remote() for g in self.generators]
-        ray.wait(refs, num_returns=len(refs), timeout=self.cfg.learner.weight_sync_timeout_s + 30)
-        dead = []
-        for i, ref in enumerate(refs):
-            try:
-                ray.get(ref, timeout=0)
-            except ray.exceptions.RayActorError:
-                dead.append(i)
-            except ray.exceptions.GetTimeoutError:
-                pass  # alive but still stuck: not something a restart fixes
-        return dead
 
     def evaluate(self) -> dict[str, float]:
         """Eval-split accuracy (and pass@samples) per env and turn budget with the current

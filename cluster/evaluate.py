@@ -54,14 +54,14 @@ def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequ
               split: str = "eval") -> list[EpisodeRecord]:
     """Every (env task, max_turns) with `samples` episodes each, tasks split over generators.
     `collect(ids)` returns the trajectories with those ids from the ingest."""
-    import numpy as np
     import ray
+
+    from cluster.iteration import split_evenly
 
     records: list[EpisodeRecord] = []
     for h in max_turns:
         todo = eval_tasks(envs, tasks, f"eval-s{step}-h{h}", split)
-        shares = [[todo[i] for i in idx]
-                  for idx in np.array_split(np.arange(len(todo)), len(generators))]
+        shares = split_evenly(todo, len(generators))
         outs = ray.get([g.rollout.remote(s, group_size=samples, step=step, horizon=h)
                         for g, s in zip(generators, shares) if s])
         ids = [tid for o in outs for tid in o["trajectory_ids"]]
@@ -108,14 +108,14 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
 
     from cluster.eval_metrics import summarise
     from cluster.eval_report import write_report
-    from cluster.iteration import collect_trajectories
-    from learner.ingest import TrajectoryIngest
+    from cluster.iteration import collect_trajectories, open_ingest
 
     records: list[EpisodeRecord] = []
     g = cfg.generator
     envs = [e.model_copy(update={"replicas_per_actor": tasks * samples}) for e in envs]
-    ingest = TrajectoryIngest(host="127.0.0.1", port=0, capacity=cfg.learner.ingest.capacity,
-                              max_message_bytes=cfg.learner.ingest.max_message_bytes).start()
+    # The run's own ingest settings (host, token, TLS), but never the run's fixed port: an
+    # evaluation may run beside the training that owns it.
+    ingest, address, token = open_ingest(cfg.learner.ingest.model_copy(update={"port": 0}))
     try:
         for label, path in models.items():
             t0 = time.perf_counter()
@@ -123,7 +123,8 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
             gen = remote.remote(name=f"eval-{label}", cfg=g, model_path=path,
                                 env_pools=[EnvPool(e, name=f"eval-{label}-{e.key}")
                                            for e in envs],
-                                ingest_address=ingest.address, seed=cfg.seed)
+                                ingest_address=address, ingest_token=token,
+                                ingest_tls_ca=cfg.learner.ingest.tls_ca_path, seed=cfg.seed)
             ray.get(gen.ready.remote())
             records += run_sweep(
                 [gen], lambda ids: collect_trajectories(

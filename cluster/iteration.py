@@ -4,9 +4,11 @@ rollout and per-env metrics, collecting exactly the trajectories a rollout produ
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,8 @@ from actors.generator import Task
 from cluster.config import RunConfig, dump_config
 from cluster.prometheus import repeated_action_rate
 from envpool.base import EVAL_SEED_OFFSET
-from learner.config import LearnerConfig
-from learner.ingest import TrajectoryIngest
+from learner.config import IngestConfig, LearnerConfig
+from learner.ingest import TrajectoryIngest, is_wildcard
 from protos.trajectory import Failure, Trajectory
 
 
@@ -139,3 +141,43 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def dead_actors(actors: Sequence[Any], timeout_s: float) -> list[int]:
+    """Indices of the actors (with a `ready()` method) whose process is gone; each live one
+    gets `timeout_s` to answer (a busy actor answers when its current call ends)."""
+    import ray
+
+    refs = [a.ready.remote() for a in actors]
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    dead = []
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError:
+            dead.append(i)
+        except ray.exceptions.GetTimeoutError:
+            pass  # alive but still busy: not something a restart fixes
+    return dead
+
+
+def split_evenly(items: Sequence[Any], parts: int) -> list[list[Any]]:
+    """`items` in `parts` consecutive shares whose sizes differ by at most one (the first
+    shares take the remainder): how a step's or an eval's tasks go to the generators."""
+    size, extra = divmod(len(items), parts)
+    bounds = [k * size + min(k, extra) for k in range(parts + 1)]
+    return [list(items[a:b]) for a, b in pairwise(bounds)]
+
+
+def open_ingest(cfg: IngestConfig) -> tuple[TrajectoryIngest, str, str | None]:
+    """A trajectory ingest started as `learner.ingest` says, for training and evaluation alike:
+    (the ingest, the address generators dial, the token they send). Bound to every interface,
+    it advertises this node's IP, which generators on other nodes can reach."""
+    import ray
+
+    token = os.environ.get(cfg.auth_token_env) or None
+    ingest = TrajectoryIngest.from_config(cfg, auth_token=token).start()
+    address = ingest.address
+    if is_wildcard(cfg.host):
+        address = f"{ray.util.get_node_ip_address()}:{ingest.port}"
+    return ingest, address, token

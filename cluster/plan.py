@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from cluster.config import RunConfig
@@ -30,6 +31,36 @@ def total(plan: list[tuple[str, int, dict[str, float]]]) -> dict[str, float]:
         for k, v in res.items():
             need[k] += n * v
     return dict(need)
+
+
+class DoesNotFit(RuntimeError):
+    """The cluster cannot hold the run's actors: the message says what is missing."""
+
+
+def shortfall(need: dict[str, float], have: dict[str, float], *, where: str) -> str:
+    """What `have` lacks of `need` ("CPU: needs 2.5, <where> 1; ..."); "" when nothing."""
+    return "; ".join(f"{k}: needs {v:g}, {where} {have.get(k, 0.0):g}" for k, v in need.items()
+                     if v > have.get(k, 0.0) + 1e-9)
+
+
+def wait_until_fits(cfg: RunConfig, *, poll_s: float = 10.0) -> None:
+    """Inside the run's Ray session, before any actor starts: return once the cluster's free
+    resources hold every actor of the plan, or raise DoesNotFit with what is missing after
+    `ray.wait_for_resources_s` (0: at once). Without it a run that cannot be placed hangs
+    silently on its first pending actor."""
+    import ray
+
+    need = total(placement_plan(cfg))
+    deadline = time.monotonic() + cfg.ray.wait_for_resources_s
+    while missing := shortfall(need, ray.available_resources(), where="free now"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DoesNotFit(
+                f"the run does not fit the Ray cluster: {missing} (`horizonrl train --dry-run` "
+                "prints the plan; lower generator/env/learner num_cpus or num_gpus, or add "
+                "nodes; set ray.wait_for_resources_s to wait for an autoscaler)")
+        print(f"[horizonrl] waiting for resources ({missing}); {left:.0f}s left", flush=True)
+        time.sleep(min(poll_s, left))
 
 
 def cluster_resources(cfg: RunConfig) -> tuple[str, dict[str, float]]:
@@ -117,10 +148,9 @@ def dry_run(cfg: RunConfig, gpu_gib: float | None = None,
         if torch.cuda.is_available():
             gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
     memory_fits = memory_report(cfg, gpu_gib) if need.get("GPU") or gpu_gib else True
-    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
-    if short:
-        lines = [f"{k}: needs {v:g}, {where} has {h:g}" for k, (v, h) in short.items()]
-        print("does not fit: " + "; ".join(lines))
+    missing = shortfall(need, have, where=f"{where} has")
+    if missing:
+        print("does not fit: " + missing)
         return 2
     if not memory_fits:
         return 2

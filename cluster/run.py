@@ -12,6 +12,7 @@ from cluster.driver import Trainer
 from cluster.iteration import make_run_dir
 from cluster.metrics import ProgressReporter
 from cluster.models import check_context, ensure_model
+from cluster.plan import wait_until_fits
 
 
 def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
@@ -21,26 +22,13 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
 
     base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
     check_context(base, cfg.generator.max_context_tokens)
-    ckpt = (find_checkpoint(resume, run_root=cfg.run_root, name=cfg.name, seed=cfg.seed)
-            if resume else None)
-    state = load_resume(ckpt) if ckpt else None
-    if state is not None:
-        run_dir = state.run_dir
-        truncate_metrics(run_dir, state.step)
-        print(f"[horizonrl] resuming {run_dir} from {ckpt.name} (step {state.step}, "
-              f"policy_version {state.policy_version})", flush=True)
-    elif resume and (run_dir := _unfinished_warm_start(cfg)) is not None:
-        print(f"[horizonrl] resuming the warm start of {run_dir}", flush=True)
-    else:
-        if resume:
-            print(f"[horizonrl] --resume {resume}: no checkpoint yet, starting fresh", flush=True)
-        run_dir = make_run_dir(cfg)
-        print(f"[horizonrl] run dir {run_dir}", flush=True)
     t0 = time.perf_counter()
     trainer_cls = Trainer
     if cfg.mode == "async":
         from cluster.async_driver import AsyncTrainer as trainer_cls
     with ray_session(cfg.ray):
+        wait_until_fits(cfg)  # before a run dir exists: a run that cannot start leaves none
+        run_dir, state = _open_run(cfg, resume)
         if state is None and cfg.init.sft_epochs > 0:
             from cluster.warm_start import run_warm_start
 
@@ -50,6 +38,26 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
                 update={"path": str(cloned)})})
         _rl(cfg, run_dir=run_dir, state=state, trainer_cls=trainer_cls, t0=t0)
     return run_dir
+
+
+def _open_run(cfg: RunConfig, resume: str | None) -> tuple[Path, object]:
+    """The run dir and the resume state (None for a fresh run or an unfinished warm start)."""
+    ckpt = (find_checkpoint(resume, run_root=cfg.run_root, name=cfg.name, seed=cfg.seed)
+            if resume else None)
+    state = load_resume(ckpt) if ckpt else None
+    if state is not None:
+        truncate_metrics(state.run_dir, state.step)
+        print(f"[horizonrl] resuming {state.run_dir} from {ckpt.name} (step {state.step}, "
+              f"policy_version {state.policy_version})", flush=True)
+        return state.run_dir, state
+    if resume and (run_dir := _unfinished_warm_start(cfg)) is not None:
+        print(f"[horizonrl] resuming the warm start of {run_dir}", flush=True)
+        return run_dir, None
+    if resume:
+        print(f"[horizonrl] --resume {resume}: no checkpoint yet, starting fresh", flush=True)
+    run_dir = make_run_dir(cfg)
+    print(f"[horizonrl] run dir {run_dir}", flush=True)
+    return run_dir, None
 
 
 def _unfinished_warm_start(cfg: RunConfig) -> Path | None:

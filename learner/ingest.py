@@ -53,7 +53,7 @@ DEFAULT_MAX_TRAJECTORY_BYTES = 64 * 1024 * 1024  # reassembly bound per stream
 SERVICE_NAME = trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name
 _Status = trajectory_pb2.AckStatus.ValueType
 _STAT_OF = {trajectory_pb2.ACK_STORED: "received", trajectory_pb2.ACK_DUPLICATE: "duplicates",
-            trajectory_pb2.ACK_REJECTED: "rejected", trajectory_pb2.ACK_STALE: "dropped_stale"}
+            trajectory_pb2.ACK_REJECTED: "rejected"}
 
 
 class _Stream:
@@ -84,7 +84,6 @@ class TrajectoryIngest:
         auth_token: str | None = None,
         tls_cert_path: str | None = None,
         tls_key_path: str | None = None,
-        max_staleness: int | None = None,
         dedup_window: int = 1_000_000,
     ) -> None:
         """Configure the server; nothing listens until `start()`.
@@ -95,8 +94,6 @@ class TrajectoryIngest:
         `auth_token`: clients must send `authorization: Bearer <token>`; required when `host`
         is not a loopback address, so an ingest is never open to a network unauthenticated.
         `tls_cert_path`/`tls_key_path` (PEM): serve TLS instead of plaintext.
-        `max_staleness`: with `set_policy_version`, trajectories more than this many versions
-        behind are acked STALE and dropped (counted in `dropped_stale`); None keeps all.
         `dedup_window`: how many of the latest stored ids are remembered for exactly-once.
         """
         if auth_token is None and not is_loopback(host):
@@ -116,15 +113,13 @@ class TrajectoryIngest:
         self._max_workers = max_workers
         self._auth_token = auth_token
         self._tls = (tls_cert_path, tls_key_path) if tls_cert_path and tls_key_path else None
-        self._max_staleness = max_staleness
-        self._policy_version: int | None = None
         self._cond = threading.Condition()
         self._buffer: deque[tuple[Trajectory, int]] = deque()  # (trajectory, encoded bytes)
         self._buffered_bytes = 0
         self._reserved = 0  # credits held by streams: buffer + reserved <= capacity
         self._seen = RecentIds(dedup_window)
         self._stats = dict.fromkeys(
-            ("received", "duplicates", "rejected", "dropped_stale", "bytes", "chunks",
+            ("received", "duplicates", "rejected", "bytes", "chunks",
              "partial_discarded", "credit_waits", "queue_depth_peak"), 0)
         self._stopping = False
         self._server: grpc.Server | None = None
@@ -238,13 +233,8 @@ class TrajectoryIngest:
         with self._cond:
             return self._pop(len(self._buffer))
 
-    def set_policy_version(self, version: int) -> None:
-        """The learner's current policy version, against which `max_staleness` is judged."""
-        with self._cond:
-            self._policy_version = version
-
     def stats(self) -> dict[str, int]:
-        """Counters since construction (received, duplicates, rejected, dropped_stale; bytes of
+        """Counters since construction (received, duplicates, rejected; bytes of
         encoded trajectories received, duplicates included; chunks, partial_discarded chunk
         sets, credit_waits, queue_depth_peak) and the state now (queue_depth, buffered_bytes,
         reserved credits, capacity)."""
@@ -390,8 +380,6 @@ class TrajectoryIngest:
                 return trajectory_pb2.Ack(trajectory_id=trajectory_id)
             stream.held -= 1
             self._reserved -= 1
-            if trajectory is not None and self._is_stale(trajectory):
-                status, trajectory = trajectory_pb2.ACK_STALE, None
             # Checked again under the lock: another stream may have stored the same id.
             if trajectory is not None and trajectory.trajectory_id in self._seen:
                 status, trajectory = trajectory_pb2.ACK_DUPLICATE, None
@@ -404,11 +392,6 @@ class TrajectoryIngest:
             self._stats[_STAT_OF[status]] += 1
             self._cond.notify_all()  # wakes take(), and grant() if a credit came back
         return trajectory_pb2.Ack(trajectory_id=trajectory_id, status=status, detail=detail)
-
-    def _is_stale(self, t: Trajectory) -> bool:
-        if self._max_staleness is None or self._policy_version is None:
-            return False
-        return self._policy_version - t.policy_version > self._max_staleness
 
     def _close(self, stream: _Stream) -> None:
         """Return the stream's reservations and drop its partial chunk set (idempotent)."""

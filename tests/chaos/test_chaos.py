@@ -164,6 +164,7 @@ def test_learner_rank_killed_then_resume(tmp_path):
     assert led["reconciled"] and led["generated"] == 3 * 16
 
 
+@pytest.mark.slow  # ~80 s (a 20 s collective timeout); CI runs the slow set too
 def test_generator_killed_during_a_broadcast_push(tmp_path):
     """Weights go out by broadcast (gloo here, NCCL on GPUs). On the second push the generator's
     process is SIGKILLed right after learner rank 0 has started sending: the push fails for it,

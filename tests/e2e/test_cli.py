@@ -48,6 +48,19 @@ def test_status_without_a_run_says_so(tmp_path):
     assert out.returncode == 1 and "no training answers" in out.stderr
 
 
+def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp_path):
+    """A local Ray of 1 CPU for actors that need 2.5: instead of hanging on the first actor
+    that cannot be placed, the run waits the configured 2 s, then stops naming the shortfall."""
+    out = subprocess.run(
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", "ray.num_cpus=1",
+         "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "waiting for resources (CPU: needs 2.5, free now 1)" in out.stdout
+    assert "does not fit the Ray cluster: CPU: needs 2.5, free now 1" in out.stderr
+    assert not list(tmp_path.iterdir()), "a run that could not start left a run dir"
+
+
 def test_train_cli_writes_run_dir(tmp_path):
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=e2e", "iterations=2",

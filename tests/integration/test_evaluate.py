@@ -13,13 +13,17 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_evaluation_is_reproducible(tiny_model_path, tmp_path):
+def test_evaluation_is_reproducible(tiny_model_path, tmp_path, monkeypatch):
+    """Twice, the second time with the run's ingest token set (the ingest then refuses a
+    generator that does not send it): the same numbers both times."""
     from cluster.evaluate import evaluate
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", ["metrics.port=0"])
     env = EnvConfig(replicas_per_actor=8)
     runs = []
     for i in range(2):
+        if i == 1:
+            monkeypatch.setenv(cfg.learner.ingest.auth_token_env, "eval-token")
         out = tmp_path / f"eval{i}"
         results = evaluate(cfg, {"base": str(tiny_model_path)}, envs=[env], tasks=4, samples=2,
                            max_turns=[2, 4], out=out)

@@ -128,3 +128,17 @@ def test_a_context_longer_than_the_models_positions_fails_before_any_run(tmp_pat
     assert code == 2 and not (tmp_path / "runs").exists()
     assert "max_context_tokens (3000) exceeds max_position_embeddings (2048)" in (
         capsys.readouterr().err)
+
+
+def test_tasks_split_over_generators_like_numpy_array_split():
+    """One split for a step's tasks and an eval's: consecutive, sizes differing by one at
+    most, the first shares taking the remainder."""
+    import numpy as np
+
+    from cluster.iteration import split_evenly
+
+    for n in range(13):
+        for parts in range(1, 5):
+            got = split_evenly([f"t{i}" for i in range(n)], parts)
+            want = [[f"t{i}" for i in idx] for idx in np.array_split(np.arange(n), parts)]
+            assert got == want, (n, parts)
