@@ -8,7 +8,6 @@ view of it), over gloo on CPU and NCCL on GPUs.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 import warnings
@@ -22,57 +21,9 @@ import torch
 from learner import algorithms as alg
 from learner.batch import micro_batch_count, micro_batches, split_rows, trim
 from learner.config import LearnerConfig
+from learner.engine_setup import compute_dtype, deepspeed_config, local_gpu_ordinal, lr_factor
 from learner.objectives import importance_weights, policy_objective, value_objective, whiten
 from protos.precision import bf16_native, learner_dtype
-
-
-def lr_factor(step: int, *, cfg: LearnerConfig) -> float:
-    """LR multiplier for optimizer step `step` (0-based): linear warm-up in which step k uses
-    (k+1)/warmup (DeepSpeed's WarmupLR gives the first update lr 0 and wastes it), then constant
-    or cosine decay to min_lr_ratio over lr_decay_steps."""
-    warmup = cfg.warmup_steps
-    if step < warmup:
-        return (step + 1) / warmup
-    if cfg.lr_schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, cfg.lr_decay_steps - warmup))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def deepspeed_config(cfg: LearnerConfig, micro_batch: int, lr: float) -> dict[str, Any]:
-    return {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": cfg.grad_clip,
-        # torch's AdamW: DeepSpeed's CPUAdam/FusedAdam JIT-compile for ~4 min each.
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": cfg.weight_decay,
-                                                  "torch_adam": True}},
-        "zero_optimization": {"stage": cfg.zero_stage},
-        "bf16": {"enabled": cfg.dtype == "bf16"},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def local_gpu_ordinal(assigned: Sequence[str | int], visible: str | None) -> int | None:
-    """This process's CUDA ordinal for the first GPU Ray assigned it, or None for none (the
-    rank then trains on CPU even on a GPU node, instead of every such rank taking cuda:0).
-
-    Ray sets CUDA_VISIBLE_DEVICES to the assigned GPUs, so the ordinal is their place in that
-    list; with Ray told not to set it, the physical id is the ordinal."""
-    if not assigned:
-        return None
-    first = str(assigned[0])
-    if visible:
-        ids = [x.strip() for x in visible.split(",")]
-        if first not in ids:
-            raise RuntimeError(f"Ray assigned GPU {first}, but CUDA_VISIBLE_DEVICES={visible}")
-        return ids.index(first)
-    return int(first)
-
-
-def compute_dtype(cfg: LearnerConfig) -> torch.dtype:
-    return torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
 
 
 class LearnerWorker:
