@@ -37,7 +37,9 @@ class GeneratorConfig(BaseModel):
     group_size: int = Field(
         8, ge=1, description="Episodes per task: a GRPO group shares one task and one seed."
     )
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature (1.0 = on-policy).")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature, in training and in eval. The learner divides "
+        "its logits by it, so its logprobs are of the distribution the tokens were drawn from.")
     max_tokens_per_turn: int = Field(
         16, ge=1, description="Cap on tokens the model may write in one turn (an action is short)."
     )

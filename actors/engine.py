@@ -40,6 +40,9 @@ class VLLMEngine:
             enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching,
+            # Logprobs of the distribution sampled from (after temperature), which the learner
+            # reproduces by dividing its logits by the same temperature; equal to raw at 1.0.
+            logprobs_mode="processed_logprobs",
             use_tqdm_on_load=False,  # a progress bar on every weight reload is noise
             # Room for a whole lock-step turn's prefill in one engine step.
             max_num_batched_tokens=max(8192, max_model_len),

@@ -78,7 +78,8 @@ class Trainer:
                  for i, g in enumerate(self.generators)])
         self.learner = LearnerGroup(resolved_learner(cfg), model_path=self.model_path,
                                     ref_model_path=self.base_model_path,
-                                    pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed)
+                                    pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed,
+                                    temperature=cfg.generator.temperature)
         # What `auto` precisions became on the roles' devices, beside the config that asked.
         self.precision = {"learner": self.learner.dtype, "generator": "+".join(sorted(set(
             ray.get([g.precision.remote() for g in self.generators]))))}

@@ -53,7 +53,9 @@ class LearnerGroup:
     """`world_size` LearnerWorker actors on one placement group."""
 
     def __init__(self, cfg: LearnerConfig, *, model_path: str, pad_id: int, seed: int,
-                 ref_model_path: str | None = None) -> None:
+                 ref_model_path: str | None = None, temperature: float = 1.0) -> None:
+        """`temperature`: the generators' sampling temperature, which the ranks divide logits
+        by so that their logprobs and the behaviour logprobs are of the same distribution."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -68,7 +70,7 @@ class LearnerGroup:
             remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=rank)).remote(
                 rank=rank, world_size=cfg.world_size, cfg=cfg, model_path=model_path,
-                seed=seed, ref_model_path=ref_model_path)
+                seed=seed, ref_model_path=ref_model_path, temperature=temperature)
             for rank in range(cfg.world_size)
         ]
         self.dtype = agreed_precision(ray.get([w.precision.remote() for w in self.workers]))

@@ -31,8 +31,12 @@ class LearnerWorker:
     for the generators, checkpoints."""
 
     def __init__(self, *, rank: int, world_size: int, cfg: LearnerConfig, model_path: str,
-                 seed: int, ref_model_path: str | None = None) -> None:
+                 seed: int, ref_model_path: str | None = None,
+                 temperature: float = 1.0) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        # The generators' sampling temperature: RL logprobs are of logits / T, the distribution
+        # the tokens were drawn from (the engine returns the same, processed logprobs).
+        self.temperature = temperature
         self.model_path, self.ref_model_path, self.seed = model_path, ref_model_path, seed
         torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)
@@ -145,6 +149,11 @@ class LearnerWorker:
         out["learn_seconds"] = time.perf_counter() - t0
         return out
 
+    def _sampling_logits(self, model: Any, ids: torch.Tensor) -> torch.Tensor:
+        """`model`'s logits scaled by the sampling temperature, as the RL objectives use them."""
+        logits = model(input_ids=ids).logits
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
     def _tensors(self, mb: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(v).to(self.engine.device) for k, v in mb.items()}
 
@@ -176,11 +185,11 @@ class LearnerWorker:
             self.engine.set_gradient_accumulation_boundary(last)
             # Rows are right-padded and attention is causal, so padding never reaches a real
             # token: no attention mask, which keeps SDPA on its fast causal path.
-            logits = self.engine(input_ids=t["input_ids"]).logits
+            logits = self._sampling_logits(self.engine, t["input_ids"])
             ref_logp = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref_logp = alg.token_logprobs(self.ref(input_ids=t["input_ids"]).logits,
+                    ref_logp = alg.token_logprobs(self._sampling_logits(self.ref, t["input_ids"]),
                                                   t["input_ids"])
             loss, st = policy_objective(logits, t, self.cfg, ref_logprobs=ref_logp)
             self.engine.backward(loss * (weight if train_policy else 0.0))
@@ -249,7 +258,7 @@ class LearnerWorker:
                     "input_ids"])
                 continue
             ids = self._tensors({"input_ids": micro["input_ids"]})["input_ids"]
-            lp = alg.token_logprobs(self.engine(input_ids=ids).logits, ids).cpu().numpy()
+            lp = alg.token_logprobs(self._sampling_logits(self.engine, ids), ids).cpu().numpy()
             prox.append(np.pad(lp, ((0, 0), (0, shard["input_ids"].shape[1] - lp.shape[1]))))
         self.engine.train()
         out = dict(shard)
@@ -275,7 +284,7 @@ class LearnerWorker:
         mask, rewards = t["loss_mask"], t["token_rewards"].clone()
         old_values = self.critic(t["input_ids"]) * mask
         if self.cfg.kl_in_reward and self.ref is not None:
-            ref_logp = alg.token_logprobs(self.ref(input_ids=t["input_ids"]).logits,
+            ref_logp = alg.token_logprobs(self._sampling_logits(self.ref, t["input_ids"]),
                                           t["input_ids"])
             kl = alg.kl_penalty(t["old_logprobs"], ref_logp, "k1")
             rewards = rewards - self.cfg.kl_coef * kl * mask
@@ -293,7 +302,8 @@ class LearnerWorker:
 
     @torch.no_grad()
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        """Logprob of every token of each sequence under the current policy."""
+        """Logprob of every token of each sequence under the current policy at temperature 1
+        (the model itself, like the engine's `score`: prompt logprobs ignore temperature)."""
         self.engine.eval()
         out = []
         for seq in sequences:

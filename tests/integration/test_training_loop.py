@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cluster.config import load_config
@@ -101,10 +102,18 @@ def test_one_iteration_mixing_two_envs(cfg):
     from cluster.iteration import make_run_dir, sample_tasks
     from cluster.runtime import ray_session
 
+    # Sampling at 0.7: the learner must score tokens under logits / 0.7, as vLLM sampled them.
     mixed = cfg.model_copy(update={"iterations": 1, "extra_envs": [
-        cfg.env.model_copy(update={"name": "deepsearch", "kwargs": {"hops": [1]}})]})
+        cfg.env.model_copy(update={"name": "deepsearch", "kwargs": {"hops": [1]}})],
+        "generator": cfg.generator.model_copy(update={"temperature": 0.7})})
     assert {t.env for t in sample_tasks(mixed, 0)} == {"babyai", "deepsearch"}
     with ray_session(mixed.ray), Trainer(mixed, run_dir=make_run_dir(mixed)) as trainer:
+        before = trainer._gather(0).trajs  # rolled out, not trained on
+        w = trainer.learner.importance_weights(before)
+        mask = w["loss_mask"] > 0
+        gap = float(np.abs(w["prox_logprobs"] - w["old_logprobs"])[mask].max())
+        print(f"\nat temperature 0.7, max |learner - vLLM| logprob = {gap:.2e}")
+        assert gap < LOGPROB_TOL, f"learner and vLLM logprobs at temperature 0.7 differ by {gap}"
         m = trainer.step()
         trajs = trainer.last_trajectories
     groups: dict[str, set[str]] = {}
