@@ -68,7 +68,7 @@ test-fuzz: install
 	$(PY) -m pytest -q -s -m fuzz tests
 
 protos: install
-	$(PY) -m protos.generate
+	$(PY) -m horizonrl.protos.generate
 	git diff --exit-code -- "protos/*_pb2*" || (echo "committed protobuf code was stale; regenerated" && exit 1)
 
 lint: install

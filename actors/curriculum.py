@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from statistics import fmean
 from typing import Any
 
-from actors.config import CurriculumConfig
+from horizonrl.actors.config import CurriculumConfig
 
 
 def stage_at(cfg: CurriculumConfig, step: int) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.rollout import Completion
+from horizonrl.actors.rollout import Completion
 
 
 class VLLMEngine:
@@ -47,7 +47,7 @@ class VLLMEngine:
             # Room for a whole lock-step turn's prefill in one engine step.
             max_num_batched_tokens=max(8192, max_model_len),
             # Receiver methods for the broadcast weight sync, run in the worker via collective_rpc.
-            worker_extension_cls="actors.weight_receiver.WeightReceiverExtension",
+            worker_extension_cls="horizonrl.actors.weight_receiver.WeightReceiverExtension",
         )
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_tokens: int,

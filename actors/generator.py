@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import psutil
 
-from actors.config import GeneratorConfig
-from actors.heap import trim_heap
-from actors.rollout import AgentLoop, Engine
-from envpool.pool import EnvError, EnvPool
-from envpool.registry import env_spec
-from protos.chat import ChatFormat, load_tokenizer
-from protos.precision import bf16_native, engine_dtype
-from protos.trajectory import Failure
+from horizonrl.actors.config import GeneratorConfig
+from horizonrl.actors.heap import trim_heap
+from horizonrl.actors.rollout import AgentLoop, Engine
+from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.registry import env_spec
+from horizonrl.protos.chat import ChatFormat, load_tokenizer
+from horizonrl.protos.precision import bf16_native, engine_dtype
+from horizonrl.protos.trajectory import Failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class GeneratorActor:
                  env_pools: Sequence[EnvPool], ingest_address: str, seed: int,
                  policy_version: int = 0, ingest_token: str | None = None,
                  ingest_tls_ca: str | None = None, engine: Engine | None = None) -> None:
-        from actors.transport import TrajectorySender
+        from horizonrl.actors.transport import TrajectorySender
 
         self.name = name
         self.cfg = cfg
@@ -58,7 +58,7 @@ class GeneratorActor:
         self.dtype = engine_dtype(cfg.dtype, native_bf16=bf16_native(
             "cuda" if self._gpu_ids() else "cpu"))
         if engine is None:
-            from actors.engine import VLLMEngine
+            from horizonrl.actors.engine import VLLMEngine
 
             engine = VLLMEngine(model_path, seed=seed, max_model_len=cfg.max_context_tokens,
                                 stop_token_ids=[self.chat.im_end_id],

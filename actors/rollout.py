@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from envpool.base import StepResult, TextEnv
-from protos.chat import ChatFormat
-from protos.trajectory import Failure, Trajectory
+from horizonrl.envpool.base import StepResult, TextEnv
+from horizonrl.protos.chat import ChatFormat
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ from typing import Self
 
 import grpc
 
-from protos import trajectory_pb2, trajectory_pb2_grpc
-from protos.codec import to_chunks, to_proto
-from protos.trajectory import Trajectory
+from horizonrl.protos import trajectory_pb2, trajectory_pb2_grpc
+from horizonrl.protos.codec import to_chunks, to_proto
+from horizonrl.protos.trajectory import Trajectory
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # matches the ingest's receive limit
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024  # gRPC's default message limit: fine for any peer

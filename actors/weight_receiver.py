@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from protos.weight_wire import Backend, BroadcastGroup, Bucket, cuda_uuid, receive_buckets
+from horizonrl.protos.weight_wire import Backend, BroadcastGroup, Bucket, cuda_uuid, receive_buckets
 
 
 class WeightReceiverExtension:

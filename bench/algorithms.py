@@ -25,7 +25,8 @@ ALGORITHMS = ["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"]
 def run(algorithm: str, iterations: int, out: Path) -> tuple[int, Path | None, float]:
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
+        [sys.executable, "-m", "horizonrl.cluster.cli",
+         "train", "--config", "configs/babyai-local.yaml",
          f"name={algorithm}", f"iterations={iterations}", f"run_root={out}", "metrics.port=0",
          "checkpoint_every=0", f"learner.algorithm={algorithm}",
          # fp32, not the default's auto: the comparison then means the same on every CPU.

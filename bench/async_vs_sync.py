@@ -30,7 +30,8 @@ def run(name: str, overrides: list[str], iterations: int, generators: int,
         out: Path) -> Path | None:
     tag = name.replace(", ", "-").replace(" ", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
+        [sys.executable, "-m", "horizonrl.cluster.cli",
+         "train", "--config", "configs/babyai-local.yaml",
          f"name={tag}", f"iterations={iterations}", f"run_root={out}", "metrics.port=0",
          "checkpoint_every=0", f"generator.num_generators={generators}",
          "learner.dtype=fp32", "generator.dtype=float32",  # fixed, not auto: same on any CPU

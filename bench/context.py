@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SETTINGS = {"full": (None, False), "full+cache": (None, True),
             "window": ("K", False), "window+cache": ("K", True)}
@@ -39,8 +38,8 @@ SETTINGS = {"full": (None, False), "full+cache": (None, True),
 def run_episodes(engine, chat, cfg, *, horizon: int, episodes: int, keep_turns: int | None,
                  env_kwargs: dict) -> dict[str, float]:
     """`episodes` episodes in lock-step at `horizon`; means per episode."""
-    from actors.rollout import AgentLoop
-    from envpool.registry import env_spec, make_env
+    from horizonrl.actors.rollout import AgentLoop
+    from horizonrl.envpool.registry import env_spec, make_env
 
     spec = env_spec(cfg.env.name)
     envs = [make_env(cfg.env.name, **env_kwargs) for _ in range(episodes)]
@@ -110,11 +109,11 @@ def plot(results: dict, horizons: list[int], out: Path) -> None:
 
 
 def main() -> None:
-    from actors.engine import VLLMEngine
-    from cluster.config import load_config
-    from cluster.models import ensure_model
-    from protos.chat import ChatFormat, load_tokenizer
-    from protos.precision import bf16_native, engine_dtype
+    from horizonrl.actors.engine import VLLMEngine
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.models import ensure_model
+    from horizonrl.protos.chat import ChatFormat, load_tokenizer
+    from horizonrl.protos.precision import bf16_native, engine_dtype
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/textcraft-bc-rl.yaml")

@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import gymnasium as gym
 from gymnasium.spaces import Text
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from envpool.registry import env_spec, make_env  # noqa: E402  (after the sys.path line)
+from horizonrl.envpool.registry import env_spec, make_env
 
 ENVS = {"babyai": {"level": "BabyAI-GoToRedBall-v0"}, "textcraft": {}}
 
@@ -51,8 +46,8 @@ def in_process(env: str, kwargs: dict, n: int, rounds: int, max_s: float) -> flo
 
 
 def pool(env: str, kwargs: dict, n: int, rounds: int, max_s: float, actors: int) -> float:
-    from envpool.config import EnvConfig
-    from envpool.pool import EnvError, EnvPool
+    from horizonrl.envpool.config import EnvConfig
+    from horizonrl.envpool.pool import EnvError, EnvPool
 
     spec, rng = env_spec(env), random.Random(0)
     p = EnvPool(EnvConfig(name=env, kwargs=kwargs, num_actors=actors,
@@ -134,8 +129,8 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=60.0, help="cap per measurement")
     args = ap.parse_args()
 
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     rows = []
     with ray_session(RayConfig(num_cpus=2)):

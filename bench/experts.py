@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SCIWORLD = ["find-animal", "use-thermometer", "power-component", "lifespan-longest-lived"]
 CELLS: list[tuple[str, str, dict, int]] = [  # (env, label, kwargs, turn cap)
@@ -37,10 +36,10 @@ CELLS: list[tuple[str, str, dict, int]] = [  # (env, label, kwargs, turn cap)
 
 
 def main() -> None:
-    from cluster.config import load_config
-    from cluster.demos import collect_demos
-    from cluster.models import ensure_model
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.demos import collect_demos
+    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.runtime import ray_session
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--episodes", type=int, default=200)

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 class RecordingEngine:
@@ -74,22 +73,22 @@ VARIANTS = {"cache": ["generator.prefix_caching=true"],
 
 
 def child(config: str, variant: str, rollouts: int, horizon: int, overrides: list[str]) -> dict:
-    from actors.engine import VLLMEngine
-    from actors.generator import GeneratorActor
-    from cluster.config import RayConfig, load_config
-    from cluster.iteration import sample_tasks
-    from cluster.models import ensure_model
-    from cluster.runtime import ray_session
-    from envpool.pool import EnvPool
-    from learner.ingest import TrajectoryIngest
-    from protos.precision import bf16_native, engine_dtype
+    from horizonrl.actors.engine import VLLMEngine
+    from horizonrl.actors.generator import GeneratorActor
+    from horizonrl.cluster.config import RayConfig, load_config
+    from horizonrl.cluster.iteration import sample_tasks
+    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.envpool.pool import EnvPool
+    from horizonrl.learner.ingest import TrajectoryIngest
+    from horizonrl.protos.precision import bf16_native, engine_dtype
 
     cfg = load_config(config, [*overrides, *VARIANTS[variant]])
     g, caching = cfg.generator, cfg.generator.prefix_caching
     dtype = engine_dtype(g.dtype, native_bf16=bf16_native("cpu"))
     model = ensure_model(cfg.model, env=cfg.env)
     with ray_session(RayConfig(num_cpus=2)), TrajectoryIngest(port=0) as ingest:
-        from protos.chat import ChatFormat, load_tokenizer
+        from horizonrl.protos.chat import ChatFormat, load_tokenizer
 
         chat = ChatFormat(load_tokenizer(model))
         engine = RecordingEngine(VLLMEngine(

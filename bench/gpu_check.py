@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+from horizonrl.actors.config import GeneratorConfig
+from horizonrl.learner.config import LearnerConfig
 
-from actors.config import GeneratorConfig  # noqa: E402
-from learner.config import LearnerConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 GENERATOR_NAME = "weight-sync-check-gen0"
 
@@ -69,13 +67,13 @@ def weight_sync_flow(model_path: str | Path, *, learner_cfg: LearnerConfig,
     `timeout_s` bounds each push (a member that never joins fails it instead of hanging)."""
     import ray
 
-    from actors.generator import GeneratorActor
-    from envpool.config import EnvConfig
-    from envpool.pool import EnvPool
-    from learner.auxiliary import SFTExample
-    from learner.group import LearnerGroup
-    from learner.weights import make_weight_sync
-    from protos.chat import load_tokenizer
+    from horizonrl.actors.generator import GeneratorActor
+    from horizonrl.envpool.config import EnvConfig
+    from horizonrl.envpool.pool import EnvPool
+    from horizonrl.learner.auxiliary import SFTExample
+    from horizonrl.learner.group import LearnerGroup
+    from horizonrl.learner.weights import make_weight_sync
+    from horizonrl.protos.chat import load_tokenizer
 
     tok = load_tokenizer(model_path)
     learner = LearnerGroup(learner_cfg, model_path=str(model_path), pad_id=tok.pad_token_id,
@@ -156,9 +154,9 @@ BF16_LOSS_TOL = 2e-2
 def learner_precision(model: Path, *, stage: int, cuda: bool) -> list[tuple[bool, str]]:
     """2 ranks in bf16 vs fp32 on one synthetic batch, 3 updates each: the losses agree within
     bf16 rounding and bf16 really ran (they are not identical)."""
-    from bench.learner import synthetic_trajectories, with_behaviour_logprobs
-    from learner.group import LearnerGroup
-    from protos.chat import load_tokenizer
+    from horizonrl.learner.group import LearnerGroup
+    from horizonrl.protos.chat import load_tokenizer
+    from learner import synthetic_trajectories, with_behaviour_logprobs  # bench/learner.py
 
     pad = load_tokenizer(model).pad_token_id
     trajs = with_behaviour_logprobs(synthetic_trajectories(n=16, tokens=200, group_size=4,
@@ -183,7 +181,8 @@ def learner_precision(model: Path, *, stage: int, cuda: bool) -> list[tuple[bool
 def training_run(tmp: Path) -> list[tuple[bool, str]]:
     import subprocess
 
-    cmd = [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-gpu.yaml",
+    cmd = [sys.executable, "-m", "horizonrl.cluster.cli",
+           "train", "--config", "configs/babyai-gpu.yaml",
            "iterations=5", f"run_root={tmp / 'runs'}", "metrics.port=0"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
@@ -192,8 +191,8 @@ def training_run(tmp: Path) -> list[tuple[bool, str]]:
 
 
 def weight_sync(model: Path, args: argparse.Namespace, gpus: int) -> list[tuple[bool, str]]:
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     if gpus >= 2:  # learner ranks and the generator each on a GPU of their own: NCCL
         world, learner_gpus, gen_gpus, expect = min(2, gpus - 1), 1.0, 1.0, "nccl"
@@ -217,9 +216,9 @@ def main() -> int:
 
     import torch
 
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
-    from cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.tiny_model import build_tiny_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tol", type=float, default=1e-4, help="logprob tolerance")

@@ -22,21 +22,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def child(trim: bool, rollouts: int) -> dict:
     """One variant, in this process: RSS samples (MB) and seconds per rollout."""
     import psutil
 
-    from actors.generator import GeneratorActor
-    from cluster.config import ModelConfig, RayConfig, load_config
-    from cluster.iteration import sample_tasks
-    from cluster.models import ensure_model
-    from cluster.runtime import ray_session
-    from envpool.config import EnvConfig
-    from envpool.pool import EnvPool
-    from learner.ingest import TrajectoryIngest
+    from horizonrl.actors.generator import GeneratorActor
+    from horizonrl.cluster.config import ModelConfig, RayConfig, load_config
+    from horizonrl.cluster.iteration import sample_tasks
+    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.envpool.config import EnvConfig
+    from horizonrl.envpool.pool import EnvPool
+    from horizonrl.learner.ingest import TrajectoryIngest
 
     model = ensure_model(ModelConfig(), env=EnvConfig())
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [

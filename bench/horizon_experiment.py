@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 def schedules(short: int, mid: int, long: int) -> dict[str, list[str]]:
     """The four schedules of the comparison, as config overrides."""
@@ -39,9 +38,9 @@ def schedules(short: int, mid: int, long: int) -> dict[str, list[str]]:
 
 def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Path,
             args: argparse.Namespace) -> list[dict]:
-    from cluster.config import load_config
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
 
     stage = max(1, iterations // 3)
     extra = [f"curriculum.steps_per_stage={stage}"] if name == "stepwise" else []
@@ -124,8 +123,8 @@ def plot(results: dict[str, dict[int, list[dict]]], path: Path) -> None:
 
 
 def main() -> None:
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--iterations", type=int, default=60)

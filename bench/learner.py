@@ -51,21 +51,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from horizonrl.learner import algorithms as alg
+from horizonrl.learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.protos.trajectory import Trajectory
 
-from learner import algorithms as alg  # noqa: E402  (after the sys.path line)
-from learner.batch import group_index, pad_batch, split_rows, trim, valid_mask  # noqa: E402
-from learner.config import LearnerConfig  # noqa: E402
-from protos.trajectory import Trajectory  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 def default_model_path() -> Path:
     """The tiny model of the embedded default config (built once by `horizonrl train`)."""
-    from cluster.config import load_config
-    from cluster.models import tiny_model_dir
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.models import tiny_model_dir
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [])
     return ROOT / tiny_model_dir(cfg.model, cfg.env)
@@ -234,7 +233,7 @@ def measure(update: Callable[[], dict[str, float]], *, warmup: int, steps: int,
 def zero2(cfg: LearnerConfig, trajs: list[Trajectory], *, model_path: Path, pad_id: int,
           **kw: object) -> Timing:
     """Time `LearnerGroup.train`; fail loudly if the batch would not train every row."""
-    from learner.group import LearnerGroup
+    from horizonrl.learner.group import LearnerGroup
 
     group = LearnerGroup(cfg, model_path=str(model_path), pad_id=pad_id, seed=0)
     try:
@@ -252,7 +251,7 @@ def zero2(cfg: LearnerConfig, trajs: list[Trajectory], *, model_path: Path, pad_
 def bench_size(name: str, model_path: Path, args: argparse.Namespace) -> list[Timing]:
     from transformers import AutoConfig
 
-    from protos.chat import load_tokenizer
+    from horizonrl.protos.chat import load_tokenizer
 
     pad_id = load_tokenizer(model_path).pad_token_id
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
@@ -322,8 +321,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
 
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     tiny = args.model or default_model_path()
     if not (tiny / "config.json").exists():

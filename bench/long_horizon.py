@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 MODELS = ("base", "bc", "bc+rl")
 
 
@@ -38,7 +37,8 @@ def train(config: str, seed: int, runs: Path, overrides: list[str]) -> tuple[Pat
     t0 = time.perf_counter()
     with log.open("a" if resumed else "w") as f:
         proc = subprocess.run(
-            [sys.executable, "-m", "cluster.cli", "train", "--config", config, f"seed={seed}",
+            [sys.executable, "-m", "horizonrl.cluster.cli",
+             "train", "--config", config, f"seed={seed}",
              f"run_root={root}", "metrics.port=0", *overrides,
              *(["--resume", "auto"] if resumed else [])],
             cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env={**os.environ,
@@ -67,7 +67,7 @@ def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
                      overrides: list[str]) -> None:
     """Start seed `seed`'s run from the finished warm start of an earlier invocation (its demos
     and clone under SOURCE/seedN): RL alone then runs with this config, via `--resume auto`."""
-    from cluster.config import dump_config, load_config
+    from horizonrl.cluster.config import dump_config, load_config
 
     root = runs / f"seed{seed}"
     if root.is_dir() and any(root.iterdir()):
@@ -82,10 +82,10 @@ def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
 
 def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns: int,
                  splits: list[str], overrides: list[str], out: Path) -> dict:
-    from cluster.checkpoints import latest_checkpoint
-    from cluster.config import load_config
-    from cluster.evaluate import evaluate
-    from cluster.models import ensure_model
+    from horizonrl.cluster.checkpoints import latest_checkpoint
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.evaluate import evaluate
+    from horizonrl.cluster.models import ensure_model
 
     cfg = load_config(config, [f"seed={seed}", *overrides])
     models = {"base": str(ensure_model(cfg.model, env=cfg.env)),

@@ -32,7 +32,7 @@ def run(name: str, overrides: list[str], *, config: str, root: Path, extra: list
     t0 = time.perf_counter()
     slug = name.replace(" ", "_").replace("+", "")
     with (root / f"{slug}.log").open("w") as f:
-        subprocess.run([sys.executable, "-m", "cluster.cli", "train", "--config", config,
+        subprocess.run([sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config", config,
                         f"run_root={root / 'runs' / slug}", "metrics.port=0",
                         *overrides, *extra], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                        check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def sft_tokens_per_second(model, *, bf16: bool, steps: int = 4, batch: int = 8,
@@ -49,7 +48,7 @@ def generation_tokens_per_second(path: str, *, prompts: int = 64, prompt_len: in
                                  new: int = 64, dtype: str = "float32") -> float:
     import random
 
-    from actors.engine import VLLMEngine
+    from horizonrl.actors.engine import VLLMEngine
 
     engine = VLLMEngine(path, seed=0, max_model_len=1024, stop_token_ids=[], dtype=dtype)
     rng = random.Random(0)
@@ -65,7 +64,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.tiny_model import build_tiny_model
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--presets", nargs="+", default=["xs", "s", "m"])

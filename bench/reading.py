@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
@@ -32,11 +31,11 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cluster.config import load_config
-    from cluster.models import ensure_model
-    from cluster.reading import observation_lines, probe_tasks, reading_accuracy
-    from cluster.tiny_model import MODEL_MARKER, random_transcripts
-    from protos.chat import ChatFormat, load_tokenizer
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.reading import observation_lines, probe_tasks, reading_accuracy
+    from horizonrl.cluster.tiny_model import MODEL_MARKER, random_transcripts
+    from horizonrl.protos.chat import ChatFormat, load_tokenizer
 
     torch.set_num_threads(1)
     rows = []

@@ -91,7 +91,7 @@ def main() -> None:
     sciworld = {"name": "sciworld", "weight": 1, "replicas_per_actor": 12,
                 "recycle_every_episodes": args.recycle, "call_timeout_s": 120,
                 "kwargs": {"tasks": ["find-animal", "use-thermometer"], "jvm_heap_mb": 512}}
-    cmd = [sys.executable, "-m", "cluster.cli", "train", "--config",
+    cmd = [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
            "configs/babyai-local.yaml", "name=soak", "iterations=100000", "metrics.port=0",
            f"run_root={out / 'runs'}", "checkpoint_every=50", "keep_checkpoints=2",
            "learner.dtype=fp32", "generator.dtype=float32",  # fixed, not the default's auto

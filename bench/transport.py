@@ -27,19 +27,14 @@ import argparse
 import multiprocessing as mp
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from protos.codec import decode, encode  # noqa: E402  (after the sys.path line)
-from protos.trajectory import Trajectory  # noqa: E402
+from horizonrl.protos.codec import decode, encode
+from horizonrl.protos.trajectory import Trajectory
 
 PROMPT_TOKENS = 1000
 TURNS = 4
@@ -92,7 +87,7 @@ def _tcp_receiver(pipe: Connection, n: int, batch: int) -> None:
 
 
 def _grpc_receiver(pipe: Connection, n: int, batch: int) -> None:
-    from learner.ingest import TrajectoryIngest
+    from horizonrl.learner.ingest import TrajectoryIngest
 
     with TrajectoryIngest(port=0, capacity=256) as ingest:
         pipe.send(ingest.port)
@@ -133,7 +128,7 @@ def _grpc_send(port: int, trajs: list[Trajectory], batch: int, senders: int = 1)
     """`senders` threads (generators) share the batches, each with its own channel."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from actors.transport import TrajectorySender
+    from horizonrl.actors.transport import TrajectorySender
 
     def one(k: int) -> None:
         with TrajectorySender(f"127.0.0.1:{port}", deadline_s=120.0) as sender:
@@ -203,8 +198,8 @@ def main() -> None:
             lambda ts, b: ray_objects(ts, b, as_bytes=False))
     from contextlib import nullcontext
 
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     best = dict.fromkeys(methods, float("inf"))
     with nullcontext() if args.no_ray else ray_session(RayConfig(num_cpus=2)):

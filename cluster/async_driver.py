@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.driver import Trainer
-from cluster.iteration import Gathered, sample_tasks
-from learner.weights import SyncStats
-from protos.trajectory import Trajectory
+from horizonrl.cluster.driver import Trainer
+from horizonrl.cluster.iteration import Gathered, sample_tasks
+from horizonrl.learner.weights import SyncStats
+from horizonrl.protos.trajectory import Trajectory
 
 
 def split_stale(trajs: list[Trajectory], version: int,

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.config import RunConfig, dump_config
-from cluster.models import ensure_model
-from protos.codec import from_json_line
-from protos.trajectory import Trajectory
+from horizonrl.cluster.config import RunConfig, dump_config
+from horizonrl.cluster.models import ensure_model
+from horizonrl.protos.codec import from_json_line
+from horizonrl.protos.trajectory import Trajectory
 
 
 def read_trajectories(source: str | Path) -> list[Trajectory]:
@@ -49,11 +49,11 @@ def read_trajectories(source: str | Path) -> list[Trajectory]:
 
 def build_data(kind: str, source: str, cfg: RunConfig, model_path: str) -> list[Any]:
     """Examples (sft, rs) or pairs (dpo) from `source`."""
-    from learner import auxiliary as aux
+    from horizonrl.learner import auxiliary as aux
 
     if kind == "sft" and Path(source).is_file() and _is_conversations(Path(source)):
-        from envpool.registry import env_spec
-        from protos.chat import ChatFormat, load_tokenizer
+        from horizonrl.envpool.registry import env_spec
+        from horizonrl.protos.chat import ChatFormat, load_tokenizer
 
         chat = ChatFormat(load_tokenizer(model_path))
         data = aux.sft_examples_from_jsonl(
@@ -86,8 +86,8 @@ def run_auxiliary(kind: str, cfg: RunConfig, *, data: str, out: str | Path, step
                   max_examples: int | None = None) -> list[float]:
     """Train `steps` steps of `kind` on minibatches drawn (seeded) from `data` (its first
     `max_examples` items, if set); save the model. Returns the loss of every step."""
-    from cluster.runtime import ray_session
-    from learner.group import LearnerGroup
+    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.learner.group import LearnerGroup
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,6 +126,6 @@ def run_auxiliary(kind: str, cfg: RunConfig, *, data: str, out: str | Path, step
 
 
 def _pad_id(model_path: str) -> int:
-    from protos.chat import load_tokenizer
+    from horizonrl.protos.chat import load_tokenizer
 
     return load_tokenizer(model_path).pad_token_id

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cluster.config import ConfigError, load_config
+from horizonrl.cluster.config import ConfigError, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,8 +100,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def env_server(args: argparse.Namespace) -> int:
-    from envpool.env_server import serve
-    from envpool.registry import env_names
+    from horizonrl.envpool.env_server import serve
+    from horizonrl.envpool.registry import env_names
 
     if args.env not in env_names():
         print(f"horizonrl: unknown env {args.env!r}; known: {', '.join(env_names())}",
@@ -126,9 +126,9 @@ def env_server(args: argparse.Namespace) -> int:
 
 
 def demos(args: argparse.Namespace, cfg: Any) -> int:
-    from cluster.demos import collect_demos
-    from cluster.models import ensure_model
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.demos import collect_demos
+    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.runtime import ray_session
 
     if args.episodes < 1 or args.max_turns < 1 or not 0 <= args.noise < 1:
         print("horizonrl: demos: --episodes and --max-turns must be positive and --noise in "
@@ -143,8 +143,8 @@ def demos(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def run_eval(args: argparse.Namespace, cfg: Any) -> int:
-    from cluster.evaluate import evaluate, resolve_model
-    from envpool.config import EnvConfig
+    from horizonrl.cluster.evaluate import evaluate, resolve_model
+    from horizonrl.envpool.config import EnvConfig
 
     specs = args.compare or [args.model]
     try:
@@ -178,7 +178,7 @@ def _label(spec: str, specs: list[str]) -> str:
 
 
 def export(source: str, out: str) -> int:
-    from cluster.export import PROBE_TOL, export_hf
+    from horizonrl.cluster.export import PROBE_TOL, export_hf
 
     try:
         ckpt, diff = export_hf(source, out)
@@ -191,7 +191,7 @@ def export(source: str, out: str) -> int:
 
 
 def status(target: str) -> int:
-    from cluster.prometheus import read_status
+    from horizonrl.cluster.prometheus import read_status
 
     path = Path(target)
     address = (json.loads((path / "status.json").read_text())["metrics_address"]
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demos":
         return demos(args, cfg)
     if args.command in ("sft", "rs", "dpo"):
-        from cluster.auxiliary import run_auxiliary
+        from horizonrl.cluster.auxiliary import run_auxiliary
 
         try:
             run_auxiliary(args.command, cfg, data=args.data, out=args.out, steps=args.steps,
@@ -254,13 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "train":
         if args.dry_run:
-            from cluster.plan import dry_run
+            from horizonrl.cluster.plan import dry_run
 
             return dry_run(cfg, gpu_gib=args.gpu_memory_gib,
                            resources=_resources(args.resources) if args.resources else None)
-        from cluster.driver import LearnerLost
-        from cluster.plan import DoesNotFit
-        from cluster.run import train
+        from horizonrl.cluster.driver import LearnerLost
+        from horizonrl.cluster.plan import DoesNotFit
+        from horizonrl.cluster.run import train
 
         try:
             train(cfg, resume=args.resume)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(from the last checkpoint)", file=sys.stderr)
             return 130
         return 0
-    from cluster.models import build_from_config
+    from horizonrl.cluster.models import build_from_config
 
     build_from_config(args.out, cfg.model.tiny, env=cfg.env)
     return 0

@@ -9,9 +9,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from actors.config import CurriculumConfig, GeneratorConfig
-from envpool.config import EnvConfig
-from learner.config import LearnerConfig
+from horizonrl.actors.config import CurriculumConfig, GeneratorConfig
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.learner.config import LearnerConfig
 
 # Sizes of the locally built model (hidden, layers); parameters and throughput on 2 cores in
 # docs/presets.json (bench/presets.py): xs 0.50M, s 4.9M, m 25.6M.

@@ -21,15 +21,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from actors.rollout import AgentLoop, Completion
-from cluster.config import RunConfig
-from envpool.base import EVAL_SEED_OFFSET, split_seeds
-from envpool.config import EnvConfig
-from envpool.pool import EnvError, EnvPool
-from envpool.registry import EnvSpec, env_spec
-from protos.chat import ChatFormat, load_tokenizer
-from protos.codec import to_json_line
-from protos.trajectory import Failure, Trajectory
+from horizonrl.actors.rollout import AgentLoop, Completion
+from horizonrl.cluster.config import RunConfig
+from horizonrl.envpool.base import EVAL_SEED_OFFSET, split_seeds
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.registry import EnvSpec, env_spec
+from horizonrl.protos.chat import ChatFormat, load_tokenizer
+from horizonrl.protos.codec import to_json_line
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 Thought = Literal["short", "none"]
 DEMOS_FILE = "demos.jsonl"

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.curriculum import CurriculumActor
-from actors.generator import GeneratorActor, Task
-from cluster.checkpoints import (
+from horizonrl.actors.curriculum import CurriculumActor
+from horizonrl.actors.generator import GeneratorActor, Task
+from horizonrl.cluster.checkpoints import (
     LEARNER_DIR,
     PROBE_IDS,
     ResumeState,
@@ -23,8 +23,8 @@ from cluster.checkpoints import (
     write_probe,
     write_state,
 )
-from cluster.config import RunConfig
-from cluster.iteration import (
+from horizonrl.cluster.config import RunConfig
+from horizonrl.cluster.iteration import (
     Gathered,
     collect_trajectories,
     dead_actors,
@@ -36,17 +36,17 @@ from cluster.iteration import (
     sample_tasks,
     split_evenly,
 )
-from cluster.ledger import Ledger
-from cluster.metrics import MetricsLogger
-from cluster.models import ensure_model
-from cluster.prometheus import PrometheusExporter
-from envpool.pool import EnvPool
-from learner.batch import apply_overlong
-from learner.group import LearnerGroup, groups_with_signal
-from learner.weights import SyncStats, make_weight_sync
-from protos.chat import load_tokenizer
-from protos.codec import to_json_line
-from protos.trajectory import Trajectory
+from horizonrl.cluster.ledger import Ledger
+from horizonrl.cluster.metrics import MetricsLogger
+from horizonrl.cluster.models import ensure_model
+from horizonrl.cluster.prometheus import PrometheusExporter
+from horizonrl.envpool.pool import EnvPool
+from horizonrl.learner.batch import apply_overlong
+from horizonrl.learner.group import LearnerGroup, groups_with_signal
+from horizonrl.learner.weights import SyncStats, make_weight_sync
+from horizonrl.protos.chat import load_tokenizer
+from horizonrl.protos.codec import to_json_line
+from horizonrl.protos.trajectory import Trajectory
 
 
 class LearnerLost(RuntimeError):
@@ -327,8 +327,8 @@ class Trainer:
         policy, as eval/<env>/h<H>/... keys."""
         import ray
 
-        from cluster.eval_metrics import summarise
-        from cluster.evaluate import run_sweep
+        from horizonrl.cluster.eval_metrics import summarise
+        from horizonrl.cluster.evaluate import run_sweep
 
         e = self.cfg.eval
         turns = e.max_turns or [ray.get(self.curriculum.current.remote())[0]]

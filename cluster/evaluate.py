@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.generator import GeneratorActor, Task
-from cluster.checkpoints import STATE_FILE, latest_checkpoint
-from cluster.config import RunConfig
-from cluster.eval_metrics import EpisodeRecord
-from envpool.base import split_seeds
-from envpool.config import EnvConfig
-from envpool.pool import EnvPool
-from protos.trajectory import Trajectory
+from horizonrl.actors.generator import GeneratorActor, Task
+from horizonrl.cluster.checkpoints import STATE_FILE, latest_checkpoint
+from horizonrl.cluster.config import RunConfig
+from horizonrl.cluster.eval_metrics import EpisodeRecord
+from horizonrl.envpool.base import split_seeds
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.pool import EnvPool
+from horizonrl.protos.trajectory import Trajectory
 
 
 def eval_tasks(envs: Sequence[EnvConfig], tasks: int, tag: str,
@@ -56,7 +56,7 @@ def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequ
     `collect(ids)` returns the trajectories with those ids from the ingest."""
     import ray
 
-    from cluster.iteration import split_evenly
+    from horizonrl.cluster.iteration import split_evenly
 
     records: list[EpisodeRecord] = []
     for h in max_turns:
@@ -72,7 +72,7 @@ def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequ
 def resolve_model(spec: str, cfg: RunConfig) -> str:
     """`base` (the config's starting model), a run folder (its newest checkpoint), a checkpoint
     folder, or any save_pretrained folder."""
-    from cluster.models import ensure_model
+    from horizonrl.cluster.models import ensure_model
 
     if spec == "base":
         return str(cfg.model.path or ensure_model(cfg.model, env=cfg.env))
@@ -92,7 +92,7 @@ def evaluate(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig
              samples: int, max_turns: Sequence[int], out: str | Path,
              split: str = "eval") -> dict[str, Any]:
     """Evaluate each labelled model; write the report to `out`; return the summary."""
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.runtime import ray_session
 
     with ray_session(cfg.ray):
         return evaluate_in_session(cfg, models, envs=envs, tasks=tasks, samples=samples,
@@ -106,9 +106,9 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
     pool gets one replica per episode of a sweep (`tasks` x `samples`)."""
     import ray
 
-    from cluster.eval_metrics import summarise
-    from cluster.eval_report import write_report
-    from cluster.iteration import collect_trajectories, open_ingest
+    from horizonrl.cluster.eval_metrics import summarise
+    from horizonrl.cluster.eval_report import write_report
+    from horizonrl.cluster.iteration import collect_trajectories, open_ingest
 
     records: list[EpisodeRecord] = []
     g = cfg.generator

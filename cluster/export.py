@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from cluster.checkpoints import LEARNER_DIR, PROBE_FILE, STATE_FILE, find_checkpoint
+from horizonrl.cluster.checkpoints import LEARNER_DIR, PROBE_FILE, STATE_FILE, find_checkpoint
 
 # The same precision on both sides (the probe says which); the exported weights are the
 # learner's bit for bit (bf16 ones stored as fp32, exactly).
@@ -39,7 +39,7 @@ def probe_diff(model_dir: Path, probe_file: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.algorithms import token_logprobs
+    from horizonrl.learner.algorithms import token_logprobs
 
     probe = json.loads(probe_file.read_text())
     dtype = torch.bfloat16 if probe.get("dtype") == "bf16" else torch.float32  # older: fp32

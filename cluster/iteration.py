@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from actors.curriculum import env_weights_at
-from actors.generator import Task
-from cluster.config import RunConfig, dump_config
-from cluster.prometheus import repeated_action_rate
-from envpool.base import EVAL_SEED_OFFSET
-from learner.config import IngestConfig, LearnerConfig
-from learner.ingest import TrajectoryIngest, is_wildcard
-from protos.trajectory import Failure, Trajectory
+from horizonrl.actors.curriculum import env_weights_at
+from horizonrl.actors.generator import Task
+from horizonrl.cluster.config import RunConfig, dump_config
+from horizonrl.cluster.prometheus import repeated_action_rate
+from horizonrl.envpool.base import EVAL_SEED_OFFSET
+from horizonrl.learner.config import IngestConfig, LearnerConfig
+from horizonrl.learner.ingest import TrajectoryIngest, is_wildcard
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 @dataclass

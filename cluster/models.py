@@ -6,8 +6,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from cluster.config import ConfigError, ModelConfig, TinyModelConfig
-from envpool.config import EnvConfig
+from horizonrl.cluster.config import ConfigError, ModelConfig, TinyModelConfig
+from horizonrl.envpool.config import EnvConfig
 
 
 def tiny_model_dir(cfg: ModelConfig, env: EnvConfig) -> Path:
@@ -45,6 +45,6 @@ def check_context(path: Path, max_context_tokens: int) -> None:
 
 def build_from_config(out: str | Path, tiny: TinyModelConfig, *, env: EnvConfig) -> Path:
     """`horizonrl make-tiny-model` and the cache above: the tiny model as `tiny` describes it."""
-    from cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.tiny_model import build_tiny_model
 
     return build_tiny_model(out, env_name=env.name, env_kwargs=env.kwargs, **tiny.model_dump())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from cluster.config import RunConfig
-from protos.precision import engine_dtype, learner_dtype
+from horizonrl.cluster.config import RunConfig
+from horizonrl.protos.precision import engine_dtype, learner_dtype
 
 
 def placement_plan(cfg: RunConfig) -> list[tuple[str, int, dict[str, float]]]:
@@ -86,9 +86,9 @@ def model_shape(cfg: RunConfig):
     """The starting model's shape: model.path's config.json, or the tiny model's settings."""
     from pathlib import Path
 
-    from cluster.config import TINY_PRESETS
-    from cluster.memory_plan import ModelShape
-    from cluster.tiny_model import tiny_qwen2_config
+    from horizonrl.cluster.config import TINY_PRESETS
+    from horizonrl.cluster.memory_plan import ModelShape
+    from horizonrl.cluster.tiny_model import tiny_qwen2_config
 
     if cfg.model.path is not None:
         return ModelShape.from_config(Path(cfg.model.path))
@@ -100,7 +100,7 @@ def model_shape(cfg: RunConfig):
 
 def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
     """Print the per-GPU memory plan; False when a role needs more than `gpu_gib`."""
-    from cluster.memory_plan import format_plan, memory_plan
+    from horizonrl.cluster.memory_plan import format_plan, memory_plan
 
     g, learner = cfg.generator, cfg.learner
     episodes = g.tasks_per_step * g.group_size

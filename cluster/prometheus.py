@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from protos.trajectory import Failure, Trajectory
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 LABELS = ("run", "env")
 # name -> (help, key in the driver's flattened metrics)

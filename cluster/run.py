@@ -6,31 +6,31 @@ import signal
 import time
 from pathlib import Path
 
-from cluster.checkpoints import find_checkpoint, load_resume, truncate_metrics
-from cluster.config import RunConfig
-from cluster.driver import Trainer
-from cluster.iteration import make_run_dir
-from cluster.metrics import ProgressReporter
-from cluster.models import check_context, ensure_model
-from cluster.plan import wait_until_fits
+from horizonrl.cluster.checkpoints import find_checkpoint, load_resume, truncate_metrics
+from horizonrl.cluster.config import RunConfig
+from horizonrl.cluster.driver import Trainer
+from horizonrl.cluster.iteration import make_run_dir
+from horizonrl.cluster.metrics import ProgressReporter
+from horizonrl.cluster.models import check_context, ensure_model
+from horizonrl.cluster.plan import wait_until_fits
 
 
 def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     """Run `cfg.iterations` iterations in total (a resumed run does the rest); returns the
     run directory."""
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.runtime import ray_session
 
     base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
     check_context(base, cfg.generator.max_context_tokens)
     t0 = time.perf_counter()
     trainer_cls = Trainer
     if cfg.mode == "async":
-        from cluster.async_driver import AsyncTrainer as trainer_cls
+        from horizonrl.cluster.async_driver import AsyncTrainer as trainer_cls
     with ray_session(cfg.ray):
         wait_until_fits(cfg)  # before a run dir exists: a run that cannot start leaves none
         run_dir, state = _open_run(cfg, resume)
         if state is None and cfg.init.sft_epochs > 0:
-            from cluster.warm_start import run_warm_start
+            from horizonrl.cluster.warm_start import run_warm_start
 
             # RL starts from the cloned model, and it is also the KL reference from then on.
             cloned = run_warm_start(cfg, run_dir=run_dir, base_model=str(base))
@@ -62,7 +62,7 @@ def _open_run(cfg: RunConfig, resume: str | None) -> tuple[Path, object]:
 
 def _unfinished_warm_start(cfg: RunConfig) -> Path | None:
     """The newest run of this name and seed that began a warm start and has no checkpoint."""
-    from cluster.warm_start import INIT_DIR
+    from horizonrl.cluster.warm_start import INIT_DIR
 
     for run in sorted(Path(cfg.run_root).glob(f"{cfg.name}__{cfg.seed}__*"), reverse=True):
         if (run / INIT_DIR).is_dir():

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from cluster.config import RayConfig
+from horizonrl.cluster.config import RayConfig
 
 # Verified for Ray 2.60 on one machine (see shared FEASIBILITY notes): without the first, Ray
 # swaps 127.0.0.1 for the machine's network address. Local single-node runs only.

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
-from cluster.reading import (
+from horizonrl.cluster.reading import (
     observation_lines,
     probe_tasks,
     reading_accuracy,
     reading_ids,
     reading_tasks,
 )
-from envpool.registry import env_spec, make_env
-from protos.chat import CHATML_TEMPLATE, IM_END, IM_START, PAD, SPECIAL_TOKENS, ChatFormat
+from horizonrl.envpool.registry import env_spec, make_env
+from horizonrl.protos.chat import CHATML_TEMPLATE, IM_END, IM_START, PAD, SPECIAL_TOKENS, ChatFormat
 
 MODEL_MARKER = "horizonrl_tiny_model.json"
 
@@ -35,7 +35,7 @@ def random_transcripts(
     thought: str = "none",
 ) -> list[list[tuple[str, str]]]:
     """Episodes of a uniformly random valid-action policy as (role, text) message lists."""
-    from cluster.demos import expert_reply
+    from horizonrl.cluster.demos import expert_reply
 
     spec = env_spec(env_name)
     env = make_env(env_name, **env_kwargs)
@@ -164,7 +164,7 @@ def tiny_qwen2_config(vocab: int, hidden_size: int, num_layers: int):
     """The locally built model's architecture (also what `--dry-run` plans memory for)."""
     from transformers import Qwen2Config
 
-    from cluster.config import TINY_MAX_POSITIONS
+    from horizonrl.cluster.config import TINY_MAX_POSITIONS
 
     return Qwen2Config(
         vocab_size=64 * math.ceil(vocab / 64),  # padded to a multiple of 64
@@ -190,7 +190,7 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
     synthetic reading tasks (cluster.reading) are mixed into the pre-training sequences."""
     from transformers import Qwen2ForCausalLM
 
-    from cluster.config import TINY_PRESETS
+    from horizonrl.cluster.config import TINY_PRESETS
 
     if preset is not None:
         hidden_size, num_layers = TINY_PRESETS[preset]

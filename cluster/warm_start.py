@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.config import RunConfig
+from horizonrl.cluster.config import RunConfig
 
 INIT_DIR = "init"
 DONE_FILE = "warm_start.json"
@@ -62,7 +62,7 @@ def run_warm_start(cfg: RunConfig, *, run_dir: Path, base_model: str) -> Path:
 
 
 def _demos(cfg: RunConfig, root: Path, base_model: str) -> Path:
-    from cluster.demos import SUMMARY_FILE, collect_demos
+    from horizonrl.cluster.demos import SUMMARY_FILE, collect_demos
 
     if cfg.init.demos is not None:
         return Path(cfg.init.demos)
@@ -77,8 +77,8 @@ def _demos(cfg: RunConfig, root: Path, base_model: str) -> Path:
 
 
 def _examples(cfg: RunConfig, demos: Path) -> list[Any]:
-    from cluster.auxiliary import read_trajectories
-    from learner.auxiliary import sft_examples_from_trajectories
+    from horizonrl.cluster.auxiliary import read_trajectories
+    from horizonrl.learner.auxiliary import sft_examples_from_trajectories
 
     trajs = read_trajectories(demos)
     examples = sft_examples_from_trajectories(trajs, only_successful=cfg.init.only_successful)
@@ -94,8 +94,8 @@ def _examples(cfg: RunConfig, demos: Path) -> list[Any]:
 
 def _clone(cfg: RunConfig, examples: list[Any], *, base_model: str, out: Path) -> None:
     """SFT on the learner group: `sft_epochs` shuffled passes, warm-up then cosine."""
-    from learner.group import LearnerGroup
-    from protos.chat import load_tokenizer
+    from horizonrl.learner.group import LearnerGroup
+    from horizonrl.protos.chat import load_tokenizer
 
     init = cfg.init
     per_epoch = math.ceil(len(examples) / init.sft_batch_size)
@@ -149,7 +149,7 @@ def _evaluate(cfg: RunConfig, out: Path, *, base: str, cloned: str) -> dict[str,
 
 
 def _run_eval(cfg: RunConfig, out: Path, h: int, *, base: str, cloned: str) -> dict[str, Any]:
-    from cluster.evaluate import evaluate_in_session
+    from horizonrl.cluster.evaluate import evaluate_in_session
 
     return evaluate_in_session(cfg, {"base": base, "bc": cloned}, envs=cfg.envs,
                                tasks=cfg.init.eval_tasks, samples=1, max_turns=[h], out=out)

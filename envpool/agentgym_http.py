@@ -29,7 +29,7 @@ from typing import Any, Self
 
 import httpx
 
-from envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, utf8_safe
+from horizonrl.envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, utf8_safe
 
 SYSTEM_PROMPT = (
     "You are an agent acting in a text environment. Each turn you read an observation and "

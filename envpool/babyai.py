@@ -24,8 +24,8 @@ import minigrid  # noqa: F401  (importing it registers the BabyAI-* ids with gym
 from minigrid.core.constants import DIR_TO_VEC
 from minigrid.core.world_object import WorldObj
 
-from envpool.babyai_oracle import macro_oracle_action, primitive_oracle_action
-from envpool.base import StepResult, parse_agentgym_action
+from horizonrl.envpool.babyai_oracle import macro_oracle_action, primitive_oracle_action
+from horizonrl.envpool.base import StepResult, parse_agentgym_action
 
 SYSTEM_PROMPT = (
     "You are an agent in a grid world. Each turn, answer with one line: Action: followed by "

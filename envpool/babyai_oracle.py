@@ -28,7 +28,7 @@ from minigrid.envs.babyai.core.verifier import (
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
 if TYPE_CHECKING:
-    from envpool.babyai import BabyAITextEnv
+    from horizonrl.envpool.babyai import BabyAITextEnv
 
 _LEFT, _RIGHT, _FORWARD, _PICKUP, _DROP, _TOGGLE, _DONE = range(7)
 _DIRS = [(int(v[0]), int(v[1])) for v in DIR_TO_VEC]

@@ -49,7 +49,7 @@ class EnvConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from envpool.registry import env_names
+        from horizonrl.envpool.registry import env_names
 
         if v not in env_names():
             raise ValueError(f"unknown env {v!r}; known: {', '.join(env_names())}")

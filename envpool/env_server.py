@@ -29,9 +29,9 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from envpool.agentgym_http import MAX_WIRE_ACTION_CHARS
-from envpool.base import TextEnv, utf8_safe
-from envpool.registry import env_spec, make_env
+from horizonrl.envpool.agentgym_http import MAX_WIRE_ACTION_CHARS
+from horizonrl.envpool.base import TextEnv, utf8_safe
+from horizonrl.envpool.registry import env_spec, make_env
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

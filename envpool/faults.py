@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 # The drill's prompt and parser are BabyAI's (re-exported for the registry).
-from envpool.babyai import SYSTEM_PROMPT, format_action, parse_action, random_action  # noqa: F401
-from envpool.base import StepResult, TextEnv
-from envpool.registry import make_env
+from horizonrl.envpool.babyai import SYSTEM_PROMPT, format_action, parse_action, random_action  # noqa: F401
+from horizonrl.envpool.base import StepResult, TextEnv
+from horizonrl.envpool.registry import make_env
 
 _STEPS = {"count": 0}  # per process: faults are about the process, not one replica
 

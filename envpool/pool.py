@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envpool.base import StepResult
-from envpool.config import EnvConfig
-from envpool.registry import make_env
+from horizonrl.envpool.base import StepResult
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.registry import make_env
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from envpool.base import TextEnv
+from horizonrl.envpool.base import TextEnv
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +43,14 @@ def _from_module(name: str, module: str, factory: str) -> Callable[[], EnvSpec]:
 
 
 _SPECS: dict[str, Callable[[], EnvSpec]] = {
-    "babyai": _from_module("babyai", "envpool.babyai", "BabyAITextEnv"),
-    "textcraft": _from_module("textcraft", "envpool.textcraft", "TextCraftEnv"),
-    "sciworld": _from_module("sciworld", "envpool.sciworld", "SciWorldEnv"),
-    "deepsearch": _from_module("deepsearch", "envpool.deepsearch", "DeepSearchEnv"),
+    "babyai": _from_module("babyai", "horizonrl.envpool.babyai", "BabyAITextEnv"),
+    "textcraft": _from_module("textcraft", "horizonrl.envpool.textcraft", "TextCraftEnv"),
+    "sciworld": _from_module("sciworld", "horizonrl.envpool.sciworld", "SciWorldEnv"),
+    "deepsearch": _from_module("deepsearch", "horizonrl.envpool.deepsearch", "DeepSearchEnv"),
     # Fault injection around an env, for chaos tests and drills (envpool/faults.py).
-    "faulty": _from_module("faulty", "envpool.faults", "FaultyEnv"),
+    "faulty": _from_module("faulty", "horizonrl.envpool.faults", "FaultyEnv"),
     # Any AgentGym env server (WebArena, WebShop, SearchQA, or `horizonrl env-server`).
-    "agentgym": _from_module("agentgym", "envpool.agentgym_http", "AgentGymHTTPEnv"),
+    "agentgym": _from_module("agentgym", "horizonrl.envpool.agentgym_http", "AgentGymHTTPEnv"),
 }
 
 

@@ -30,7 +30,7 @@ from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 from py4j.protocol import Py4JJavaError
 from scienceworld.constants import BASEPATH, ID2TASK, JAR_PATH
 
-from envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
+from horizonrl.envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
 
 SYSTEM_PROMPT = (
     "You are an agent in ScienceWorld, a text simulation of a house with rooms, objects, "

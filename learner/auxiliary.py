@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from learner.algorithms import masked_mean, token_logprobs
-from protos.chat import ChatFormat
-from protos.trajectory import Failure, Trajectory
+from horizonrl.learner.algorithms import masked_mean, token_logprobs
+from horizonrl.protos.chat import ChatFormat
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 @dataclass(frozen=True, slots=True)

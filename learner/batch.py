@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from protos.trajectory import Failure, Trajectory
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 def group_index(trajs: Sequence[Trajectory]) -> np.ndarray:

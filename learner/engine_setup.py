@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from learner.config import LearnerConfig
+from horizonrl.learner.config import LearnerConfig
 
 
 def lr_factor(step: int, *, cfg: LearnerConfig) -> float:

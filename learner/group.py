@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner import algorithms as alg
-from learner.batch import group_index, pad_batch, split_rows, turn_rows, valid_mask
-from learner.config import LearnerConfig
-from learner.worker import LearnerWorker
-from protos.trajectory import Trajectory
+from horizonrl.learner import algorithms as alg
+from horizonrl.learner.batch import group_index, pad_batch, split_rows, turn_rows, valid_mask
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.learner.worker import LearnerWorker
+from horizonrl.protos.trajectory import Trajectory
 
 
 def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
@@ -130,7 +130,7 @@ class LearnerGroup:
     def _chosen(self, trajs: Sequence[Trajectory]) -> tuple[list[int], int]:
         """The episodes `train` learns from (indices) and the fewest rows an update needs."""
         if self.cfg.algorithm == "rejection_sampling":
-            from learner.auxiliary import rejection_sampling_indices
+            from horizonrl.learner.auxiliary import rejection_sampling_indices
 
             return rejection_sampling_indices(trajs), self.cfg.world_size
         return self.select(trajs), self.cfg.world_size * self.cfg.minibatches
@@ -174,7 +174,7 @@ class LearnerGroup:
     def _rejection_sampling(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """Rejection-sampling fine-tuning: SFT on this batch's successful episodes (distinct
         responses per group); skipped when fewer than one per rank succeeded."""
-        from learner.auxiliary import rejection_sampling_examples
+        from horizonrl.learner.auxiliary import rejection_sampling_examples
 
         examples = rejection_sampling_examples(trajs)
         stats = {"rows_trained": float(len(examples)), "skipped_update": 0.0}
@@ -196,13 +196,13 @@ class LearnerGroup:
 
     def train_sft(self, examples: Sequence[Any]) -> dict[str, float]:
         """One SFT step on `examples` (learner.auxiliary.SFTExample), rows split over ranks."""
-        from learner.auxiliary import pad_examples
+        from horizonrl.learner.auxiliary import pad_examples
 
         return self._aux("sft", pad_examples(examples, self.pad_id))
 
     def train_dpo(self, pairs: Sequence[Any]) -> dict[str, float]:
         """One DPO step on chosen/rejected pairs (learner.auxiliary.DPOPair)."""
-        from learner.auxiliary import pad_examples
+        from horizonrl.learner.auxiliary import pad_examples
 
         batch = {}
         for side in ("chosen", "rejected"):

@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Self
 import grpc
 from google.protobuf.message import DecodeError
 
-from learner.ingest_guard import Health, TokenCheck, is_loopback, is_wildcard
-from learner.recent_ids import RecentIds
-from protos import health_pb2_grpc, trajectory_pb2
-from protos.codec import ChunkAssembler, ChunkError, decode, from_proto
-from protos.trajectory import Trajectory
+from horizonrl.learner.ingest_guard import Health, TokenCheck, is_loopback, is_wildcard
+from horizonrl.learner.recent_ids import RecentIds
+from horizonrl.protos import health_pb2_grpc, trajectory_pb2
+from horizonrl.protos.codec import ChunkAssembler, ChunkError, decode, from_proto
+from horizonrl.protos.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from learner.config import IngestConfig
+    from horizonrl.learner.config import IngestConfig
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from protos import health_pb2, health_pb2_grpc
+from horizonrl.protos import health_pb2, health_pb2_grpc
 
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _Serving = health_pb2.HealthCheckResponse.ServingStatus

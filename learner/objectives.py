@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner import algorithms as alg
-from learner.config import LearnerConfig
+from horizonrl.learner import algorithms as alg
+from horizonrl.learner.config import LearnerConfig
 
 
 def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, *,

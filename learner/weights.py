@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
-from learner.config import LearnerConfig
-from protos.weight_wire import Backend, BroadcastGroup, Bucket, TensorSpec
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.protos.weight_wire import Backend, BroadcastGroup, Bucket, TensorSpec
 
 ALIGN = 16  # bytes: each tensor starts aligned so the receiver can view it in any dtype
 

@@ -18,12 +18,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner import algorithms as alg
-from learner.batch import micro_batch_count, micro_batches, split_rows, trim
-from learner.config import LearnerConfig
-from learner.engine_setup import compute_dtype, deepspeed_config, local_gpu_ordinal, lr_factor
-from learner.objectives import importance_weights, policy_objective, value_objective, whiten
-from protos.precision import bf16_native, learner_dtype
+from horizonrl.learner import algorithms as alg
+from horizonrl.learner.batch import micro_batch_count, micro_batches, split_rows, trim
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.learner.engine_setup import (
+    compute_dtype,
+    deepspeed_config,
+    local_gpu_ordinal,
+    lr_factor,
+)
+from horizonrl.learner.objectives import (
+    importance_weights,
+    policy_objective,
+    value_objective,
+    whiten,
+)
+from horizonrl.protos.precision import bf16_native, learner_dtype
 
 
 class LearnerWorker:
@@ -112,7 +122,7 @@ class LearnerWorker:
             config=deepspeed_config(cfg, micro_batch=1, lr=cfg.lr), lr_scheduler=self._schedule)
         self.critic = None
         if cfg.algorithm == "ppo":  # the critic is its own engine: own optimizer, own lr
-            from learner.critic import ValueModel
+            from horizonrl.learner.critic import ValueModel
 
             value_model = ValueModel(self.ref_model_path or self.model_path)
             self.critic, *_ = deepspeed.initialize(
@@ -213,7 +223,7 @@ class LearnerWorker:
     def train_aux(self, kind: str, shard: dict[str, np.ndarray]) -> dict[str, float]:
         """One optimizer step of SFT (`kind="sft"`: input_ids, loss_mask) or DPO (`"dpo"`:
         chosen_* and rejected_* arrays, against the frozen reference) on this rank's shard."""
-        from learner import auxiliary as aux
+        from horizonrl.learner import auxiliary as aux
 
         self.engine.train()
         self.engine.set_gradient_accumulation_boundary(True)
@@ -358,13 +368,13 @@ class LearnerWorker:
     # -- broadcast weight sync (learner.weight_sync="broadcast"; see learner.weights) ---------
     def weight_device(self) -> str | None:
         """This rank's GPU UUID, None on CPU (the sync picks NCCL only for distinct GPUs)."""
-        from protos.weight_wire import cuda_uuid
+        from horizonrl.protos.weight_wire import cuda_uuid
 
         return cuda_uuid(self.engine.device)
 
     def weight_specs(self) -> list[tuple[str, tuple[int, ...], str]] | None:
         """(name, shape, dtype) of every tensor a push sends, on rank 0 (every rank must call)."""
-        from learner.weights import state_specs
+        from horizonrl.learner.weights import state_specs
 
         with self._full_state() as sd:
             return None if sd is None else state_specs(sd)
@@ -372,7 +382,7 @@ class LearnerWorker:
     def join_weight_group(self, *, host: str, port: int, world_size: int, backend: str,
                           timeout_s: float) -> bool:
         """Rank 0: host the weight group's rendezvous on `host:port` and join as its source."""
-        from protos.weight_wire import BroadcastGroup
+        from horizonrl.protos.weight_wire import BroadcastGroup
 
         self.leave_weight_group()
         self.weight_group = BroadcastGroup(host=host, port=port, rank=0, world_size=world_size,
@@ -383,7 +393,7 @@ class LearnerWorker:
     def broadcast_weights(self, buckets: Sequence[Any]) -> int:
         """Every rank joins the (ZeRO-3) gather; rank 0 broadcasts `buckets` to the generators.
         Returns the payload bytes sent (0 on the other ranks)."""
-        from learner.weights import send_buckets
+        from horizonrl.learner.weights import send_buckets
 
         with self._full_state() as sd:
             if sd is None:
@@ -401,7 +411,7 @@ class LearnerWorker:
         rank 0 (None elsewhere); `lm_head.weight` kept even when tied, as in `state_dict`."""
         import deepspeed
 
-        from learner.weights import hf_state_dict
+        from horizonrl.learner.weights import hf_state_dict
 
         module = self.engine.module
         with deepspeed.zero.GatheredParameters(list(module.parameters()),

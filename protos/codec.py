@@ -25,8 +25,8 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from protos import trajectory_pb2
-from protos.trajectory import Failure, Trajectory
+from horizonrl.protos import trajectory_pb2
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 # Explicit tables rather than name mangling: a new Failure member without a wire code fails
 # loudly here (KeyError in to_proto) instead of silently travelling as FAILURE_NONE.

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import health_pb2 as protos_dot_health__pb2
+from horizonrl.protos import health_pb2 as horizonrl_dot_protos_dot_health__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/health_pb2_grpc.py depends on'
+        + ' but the generated code in horizonrl/protos/health_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class HealthStub:
         """
         self.Check = channel.unary_unary(
                 '/grpc.health.v1.Health/Check',
-                request_serializer=protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=protos_dot_health__pb2.HealthCheckResponse.FromString,
+                request_serializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckResponse.FromString,
                 _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/grpc.health.v1.Health/Watch',
-                request_serializer=protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=protos_dot_health__pb2.HealthCheckResponse.FromString,
+                request_serializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckResponse.FromString,
                 _registered_method=True)
 
 
@@ -69,13 +69,13 @@ def add_HealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Check': grpc.unary_unary_rpc_method_handler(
                     servicer.Check,
-                    request_deserializer=protos_dot_health__pb2.HealthCheckRequest.FromString,
-                    response_serializer=protos_dot_health__pb2.HealthCheckResponse.SerializeToString,
+                    request_deserializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckRequest.FromString,
+                    response_serializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckResponse.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
-                    request_deserializer=protos_dot_health__pb2.HealthCheckRequest.FromString,
-                    response_serializer=protos_dot_health__pb2.HealthCheckResponse.SerializeToString,
+                    request_deserializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckRequest.FromString,
+                    response_serializer=horizonrl_dot_protos_dot_health__pb2.HealthCheckResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -103,8 +103,8 @@ class Health:
             request,
             target,
             '/grpc.health.v1.Health/Check',
-            protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
-            protos_dot_health__pb2.HealthCheckResponse.FromString,
+            horizonrl_dot_protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
+            horizonrl_dot_protos_dot_health__pb2.HealthCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -130,8 +130,8 @@ class Health:
             request,
             target,
             '/grpc.health.v1.Health/Watch',
-            protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
-            protos_dot_health__pb2.HealthCheckResponse.FromString,
+            horizonrl_dot_protos_dot_health__pb2.HealthCheckRequest.SerializeToString,
+            horizonrl_dot_protos_dot_health__pb2.HealthCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import trajectory_pb2 as protos_dot_trajectory__pb2
+from horizonrl.protos import trajectory_pb2 as horizonrl_dot_protos_dot_trajectory__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/trajectory_pb2_grpc.py depends on'
+        + ' but the generated code in horizonrl/protos/trajectory_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class TrajectoryServiceStub:
         """
         self.Push = channel.stream_stream(
                 '/horizonrl.v1.TrajectoryService/Push',
-                request_serializer=protos_dot_trajectory__pb2.PushRequest.SerializeToString,
-                response_deserializer=protos_dot_trajectory__pb2.PushResponse.FromString,
+                request_serializer=horizonrl_dot_protos_dot_trajectory__pb2.PushRequest.SerializeToString,
+                response_deserializer=horizonrl_dot_protos_dot_trajectory__pb2.PushResponse.FromString,
                 _registered_method=True)
 
 
@@ -56,8 +56,8 @@ def add_TrajectoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.stream_stream_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=protos_dot_trajectory__pb2.PushRequest.FromString,
-                    response_serializer=protos_dot_trajectory__pb2.PushResponse.SerializeToString,
+                    request_deserializer=horizonrl_dot_protos_dot_trajectory__pb2.PushRequest.FromString,
+                    response_serializer=horizonrl_dot_protos_dot_trajectory__pb2.PushResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -85,8 +85,8 @@ class TrajectoryService:
             request_iterator,
             target,
             '/horizonrl.v1.TrajectoryService/Push',
-            protos_dot_trajectory__pb2.PushRequest.SerializeToString,
-            protos_dot_trajectory__pb2.PushResponse.FromString,
+            horizonrl_dot_protos_dot_trajectory__pb2.PushRequest.SerializeToString,
+            horizonrl_dot_protos_dot_trajectory__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runtime import LOCAL_RAY_ENV
+from horizonrl.cluster.runtime import LOCAL_RAY_ENV
 
 os.environ.update(LOCAL_RAY_ENV)
 
@@ -20,7 +20,7 @@ os.environ.update(LOCAL_RAY_ENV)
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small but real tiny model (tokenizer trained here, a few pre-training steps)."""
-    from cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     return build_tiny_model(out, transcripts=300, pretrain_steps=4, batch_size=8, seed=0)
@@ -28,7 +28,7 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_path: Path):
-    from protos.chat import load_tokenizer
+    from horizonrl.protos.chat import load_tokenizer
 
     
     return load_tokenizer(tiny_model_path)
@@ -89,7 +89,7 @@ class ScriptedEngine:
         self.prompts = []
 
     def generate(self, prompts, *, max_tokens, temperature):
-        from actors.rollout import Completion
+        from horizonrl.actors.rollout import Completion
 
         self.prompts.append(list(prompts[0]))
         ids, lps = self.turns.pop(0)

@@ -6,21 +6,21 @@ backends (BM25, a user's HTTP service) in `retriever`, the environment in `env`.
 
 from __future__ import annotations
 
-from envpool.deepsearch.env import (
+from horizonrl.envpool.deepsearch.env import (
     SYSTEM_PROMPT,
     DeepSearchEnv,
     format_action,
     parse_action,
     random_action,
 )
-from envpool.deepsearch.retriever import (
+from horizonrl.envpool.deepsearch.retriever import (
     BM25Retriever,
     HTTPRetriever,
     Passage,
     Retriever,
     RetrieverError,
 )
-from envpool.deepsearch.world import Question, World, build_world
+from horizonrl.envpool.deepsearch.world import Question, World, build_world
 
 __all__ = [
     "SYSTEM_PROMPT",

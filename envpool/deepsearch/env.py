@@ -18,9 +18,9 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any, Self
 
-from envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
-from envpool.deepsearch.retriever import BM25Retriever, Passage, Retriever
-from envpool.deepsearch.world import RELATION, Question, Relation, build_world
+from horizonrl.envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
+from horizonrl.envpool.deepsearch.retriever import BM25Retriever, Passage, Retriever
+from horizonrl.envpool.deepsearch.world import RELATION, Question, Relation, build_world
 
 SYSTEM_PROMPT = (
     "You answer questions about a fictional world; every name is invented, so only the search "

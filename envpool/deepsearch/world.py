@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from envpool.deepsearch.retriever import Passage
+from horizonrl.envpool.deepsearch.retriever import Passage
 
 KINDS = ("person", "city", "country", "company", "film", "university")
 

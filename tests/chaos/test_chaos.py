@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import load_config
+from horizonrl.cluster.config import load_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +23,9 @@ def _default_model() -> str:
     """The embedded default's pre-trained tiny model (built on first use, then cached), so
     groups have successes and updates happen. Passed as model.path: the fault-injecting env
     must never be used to build a model (its fault would fire in the builder)."""
-    from cluster.config import ModelConfig
-    from cluster.models import ensure_model
-    from envpool.config import EnvConfig
+    from horizonrl.cluster.config import ModelConfig
+    from horizonrl.cluster.models import ensure_model
+    from horizonrl.envpool.config import EnvConfig
 
     return str(ensure_model(ModelConfig(), env=EnvConfig()))
 
@@ -55,9 +55,9 @@ def _assert_reconciled(trainer, metrics):
 
 
 def _run(cfg, steps=3, during=None):
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         if during is not None:
@@ -138,10 +138,10 @@ def test_ingest_restarted_under_load(tmp_path):
 def test_learner_rank_killed_then_resume(tmp_path):
     import ray
 
-    from cluster.checkpoints import load_resume
-    from cluster.driver import LearnerLost, Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.checkpoints import load_resume
+    from horizonrl.cluster.driver import LearnerLost, Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     cfg = _cfg(tmp_path)
     run_dir = make_run_dir(cfg)

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "cluster.cli"]
+CLI = [sys.executable, "-m", "horizonrl.cluster.cli"]
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from protos.precision import ENGINE_DTYPE, bf16_native, learner_dtype
+from horizonrl.protos.precision import ENGINE_DTYPE, bf16_native, learner_dtype
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "cluster.cli"]
+CLI = [sys.executable, "-m", "horizonrl.cluster.cli"]
 # vLLM and the learner on the same weights: fp32 kernels agree to rounding; bf16 ones round
 # differently (8 mantissa bits) at every layer: 0.093 on the probe when this was written. That
 # the exported weights are the learner's is checked exactly by export-hf itself (transformers in

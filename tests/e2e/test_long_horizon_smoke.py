@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_babyai_maze_bc_rl_recipe_runs_and_clones(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "cluster.cli", "train", "--config",
+        [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
          "configs/babyai-maze-bc-rl.yaml", "name=smoke", "iterations=3", "metrics.port=0",
          f"run_root={tmp_path}", "checkpoint_every=0", "init.demo_episodes=400",
          "init.sft_epochs=2", "init.eval_tasks=32", "env.replicas_per_actor=64"],

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cluster.runtime import LOCAL_RAY_ENV
+from horizonrl.cluster.runtime import LOCAL_RAY_ENV
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cmd(run_root: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
+    return [sys.executable, "-m", "horizonrl.cluster.cli",
+            "train", "--config", "configs/babyai-local.yaml",
             "name=resume", "iterations=10", "metrics.port=0",
             f"run_root={run_root}", "checkpoint_every=2",
             "generator.tasks_per_step=2", "generator.group_size=2", "env.replicas_per_actor=4",

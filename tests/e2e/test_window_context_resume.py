@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from protos.codec import from_json_line
+from horizonrl.protos.codec import from_json_line
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train(run_root: Path, iterations: int, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "cluster.cli", "train", "--config", "configs/babyai-local.yaml",
+    cmd = [sys.executable, "-m", "horizonrl.cluster.cli",
+           "train", "--config", "configs/babyai-local.yaml",
            "name=winasync", f"iterations={iterations}", "metrics.port=0", f"run_root={run_root}",
            "checkpoint_every=1", "mode=async", "save_trajectories=true",
            "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8",

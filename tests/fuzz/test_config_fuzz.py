@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import ConfigError, RunConfig, load_config
+from horizonrl.cluster.config import ConfigError, RunConfig, load_config
 
 pytestmark = pytest.mark.fuzz
 ROOT = Path(__file__).resolve().parents[2]

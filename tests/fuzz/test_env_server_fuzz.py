@@ -11,7 +11,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from envpool.env_server import create_app
+from horizonrl.envpool.env_server import create_app
 
 pytestmark = pytest.mark.fuzz
 

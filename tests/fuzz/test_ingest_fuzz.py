@@ -10,11 +10,11 @@ from collections import Counter
 import grpc
 import pytest
 
-from actors.transport import TrajectorySender
-from learner.ingest import TrajectoryIngest
-from protos import trajectory_pb2
-from protos.codec import to_proto
-from protos.trajectory import Trajectory
+from horizonrl.actors.transport import TrajectorySender
+from horizonrl.learner.ingest import TrajectoryIngest
+from horizonrl.protos import trajectory_pb2
+from horizonrl.protos.codec import to_proto
+from horizonrl.protos.trajectory import Trajectory
 
 pytestmark = pytest.mark.fuzz
 CASES = 1200

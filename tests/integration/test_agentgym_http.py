@@ -16,7 +16,7 @@ from typing import IO
 import httpx
 import pytest
 
-from envpool.agentgym_http import (
+from horizonrl.envpool.agentgym_http import (
     AgentGymConnectionError,
     AgentGymEnvLostError,
     AgentGymHTTPEnv,

@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster.config import load_config
+from horizonrl.cluster.config import load_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_async_staleness_bound_and_importance_weights(tmp_path):
-    from cluster.async_driver import AsyncTrainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.async_driver import AsyncTrainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=async", "iterations=4", "metrics.port=0", f"run_root={tmp_path}",
@@ -56,8 +56,8 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
 
 
 def test_split_stale_drops_exactly_the_old_versions():
-    from cluster.async_driver import split_stale
-    from protos.trajectory import Trajectory
+    from horizonrl.cluster.async_driver import split_stale
+    from horizonrl.protos.trajectory import Trajectory
 
     def t(v):
         return Trajectory(trajectory_id=f"t{v}", group_id="g", task_id="x", env_name="e",

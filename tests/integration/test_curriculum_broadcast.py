@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import load_config
+from horizonrl.cluster.config import load_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
     import ray
 
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=bcast", "iterations=3", "metrics.port=0",
@@ -25,7 +25,7 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
         "generator.tasks_per_step=4", "generator.group_size=2", "env.replicas_per_actor=8",
         "curriculum.horizons=[2, 4]", "curriculum.boundaries=[1]", "learner.minibatches=1",
     ])
-    from cluster.cli import main as cli
+    from horizonrl.cluster.cli import main as cli
 
     run_dir = make_run_dir(cfg)
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
@@ -60,9 +60,9 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
 
 
 def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=envh", "iterations=2", "metrics.port=0", f"run_root={tmp_path}",
@@ -89,9 +89,9 @@ def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
 def test_more_episodes_than_replicas_run_in_waves(tmp_path):
     """An env pool smaller than a step's episodes (a weighted draw can give one env most of a
     step's groups) runs them in consecutive waves instead of failing; every episode arrives."""
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=waves", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",

@@ -9,12 +9,12 @@ import re
 
 import pytest
 
-from cluster.auxiliary import read_trajectories
-from cluster.config import load_config
-from cluster.demos import DEMOS_FILE, SUMMARY_FILE, collect_demos, expert_reply
-from envpool.registry import env_spec
-from learner.auxiliary import sft_examples_from_trajectories
-from protos.chat import IM_END, IM_START
+from horizonrl.cluster.auxiliary import read_trajectories
+from horizonrl.cluster.config import load_config
+from horizonrl.cluster.demos import DEMOS_FILE, SUMMARY_FILE, collect_demos, expert_reply
+from horizonrl.envpool.registry import env_spec
+from horizonrl.learner.auxiliary import sft_examples_from_trajectories
+from horizonrl.protos.chat import IM_END, IM_START
 
 pytestmark = pytest.mark.integration
 REPLY = re.compile(r"Thought: I will ([^\n]*)\.\nAction: \1" + re.escape(IM_END))
@@ -34,7 +34,7 @@ def _runs(mask: tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory, tiny_model_path):
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.runtime import ray_session
 
     out = tmp_path_factory.mktemp("demos")
     cfg = load_config(None, [*MAZE, "seed=3"])
@@ -104,7 +104,7 @@ def test_demos_cli_eval_split(tmp_path, tiny_model_path):
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, "-m", "cluster.cli", "demos", "--episodes", "6", "--out",
+        [sys.executable, "-m", "horizonrl.cluster.cli", "demos", "--episodes", "6", "--out",
          str(tmp_path), "--split", "eval", "--thought", "none", "--model",
          str(tiny_model_path), *MAZE],
         cwd=root, capture_output=True, text=True, timeout=600,
@@ -113,14 +113,14 @@ def test_demos_cli_eval_split(tmp_path, tiny_model_path):
     assert "expert on babyai (eval): success" in proc.stdout
     trajs = read_trajectories(tmp_path)
     assert sorted(t.info["seed"] for t in trajs) == [1_000_000 + i for i in range(6)]
-    bad = subprocess.run([sys.executable, "-m", "cluster.cli", "demos", "--episodes", "2",
+    bad = subprocess.run([sys.executable, "-m", "horizonrl.cluster.cli", "demos", "--episodes", "2",
                           "--out", str(tmp_path / "x"), "--noise", "1.5"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--noise" in bad.stderr
 
 
 def test_mixed_run_demos_share_episodes_by_env_weight(tmp_path, tiny_model_path):
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(None, [
         "env.replicas_per_actor=8", "env.weight=3",

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from envpool.base import EVAL_SEED_OFFSET
-from envpool.config import EnvConfig
-from envpool.pool import EnvError, EnvPool
-from envpool.registry import EnvSpec, env_spec
+from horizonrl.envpool.base import EVAL_SEED_OFFSET
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.registry import EnvSpec, env_spec
 
 pytestmark = pytest.mark.integration
 
@@ -90,8 +90,8 @@ def run_agent(pool: EnvPool, spec: EnvSpec, policy: str, case: Case) -> float:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         yield
@@ -123,7 +123,7 @@ class EnvServer:
     def __init__(self, env: str, kwargs: dict, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cluster.cli", "env-server", "--env", env, "--host",
+            [sys.executable, "-m", "horizonrl.cluster.cli", "env-server", "--env", env, "--host",
              "127.0.0.1", "--port", str(port), "--kwargs", json.dumps(kwargs),
              "--max-envs", "256"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

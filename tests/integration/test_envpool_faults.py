@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
-from envpool.config import EnvConfig
-from envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.pool import EnvError, EnvPool
 
 pytestmark = pytest.mark.integration
 
@@ -27,8 +27,8 @@ def _sigkill(pid: int) -> None:
 def test_killed_replica_actor_fails_its_episode_then_heals():
     import ray
 
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         pool = EnvPool(EnvConfig(num_actors=2, replicas_per_actor=1, call_timeout_s=30))
@@ -68,8 +68,8 @@ def test_killed_replica_actor_fails_its_episode_then_heals():
 def test_hung_step_is_cut_by_the_timeout():
     import ray
 
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         pool = EnvPool(EnvConfig(num_actors=1, replicas_per_actor=1, call_timeout_s=3))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from actors.transport import TrajectorySender
-from learner.ingest import TrajectoryIngest, is_loopback
-from protos.trajectory import Trajectory
+from horizonrl.actors.transport import TrajectorySender
+from horizonrl.learner.ingest import TrajectoryIngest, is_loopback
+from horizonrl.protos.trajectory import Trajectory
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def test_token_required_when_given():
 
 def test_health_check_needs_no_token():
     """Probes (kubelet, grpc_health_probe) cannot send a token; health reveals nothing."""
-    from protos import health_pb2, health_pb2_grpc
+    from horizonrl.protos import health_pb2, health_pb2_grpc
 
     with TrajectoryIngest(host="127.0.0.2", port=0, auth_token="s3cret") as ingest:
         with grpc.insecure_channel(ingest.address) as channel:

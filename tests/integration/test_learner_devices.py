@@ -5,7 +5,7 @@ the ranks then fall back to CPU (no CUDA) and still train."""
 
 import pytest
 
-from learner.worker import local_gpu_ordinal
+from horizonrl.learner.worker import local_gpu_ordinal
 
 pytestmark = pytest.mark.integration
 
@@ -22,9 +22,9 @@ def test_ordinal_is_the_place_of_the_assigned_gpu():
 def test_two_ranks_get_two_gpus_from_ray(tiny_model_path, tokenizer):
     import ray
 
-    from cluster.runtime import LOCAL_RAY_ENV
-    from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
+    from horizonrl.cluster.runtime import LOCAL_RAY_ENV
+    from horizonrl.learner.config import LearnerConfig
+    from horizonrl.learner.group import LearnerGroup
 
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": LOCAL_RAY_ENV})
@@ -50,12 +50,12 @@ def test_two_generators_get_two_gpus_from_ray(tiny_model_path):
     devices (where vLLM builds its engine), and two generators never share one."""
     import ray
 
-    from actors.config import GeneratorConfig
-    from actors.generator import GeneratorActor
-    from cluster.runtime import LOCAL_RAY_ENV
-    from envpool.config import EnvConfig
-    from envpool.pool import EnvPool
-    from learner.ingest import TrajectoryIngest
+    from horizonrl.actors.config import GeneratorConfig
+    from horizonrl.actors.generator import GeneratorActor
+    from horizonrl.cluster.runtime import LOCAL_RAY_ENV
+    from horizonrl.envpool.config import EnvConfig
+    from horizonrl.envpool.pool import EnvPool
+    from horizonrl.learner.ingest import TrajectoryIngest
 
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": LOCAL_RAY_ENV})

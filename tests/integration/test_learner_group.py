@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learner.config import LearnerConfig
-from protos.precision import bf16_native, learner_dtype
-from protos.trajectory import Trajectory
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.protos.precision import bf16_native, learner_dtype
+from horizonrl.protos.trajectory import Trajectory
 
 pytestmark = pytest.mark.integration
 
@@ -81,10 +81,10 @@ def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Traj
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner import algorithms as alg
-    from learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
-    from learner.objectives import policy_objective
-    from learner.worker import lr_factor
+    from horizonrl.learner import algorithms as alg
+    from horizonrl.learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
+    from horizonrl.learner.objectives import policy_objective
+    from horizonrl.learner.worker import lr_factor
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -116,8 +116,8 @@ def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Traj
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         yield
@@ -129,7 +129,7 @@ def batches(tiny_model_path):
 
 
 def _group(cfg: LearnerConfig, model_path, tokenizer):
-    from learner.group import LearnerGroup
+    from horizonrl.learner.group import LearnerGroup
 
     return LearnerGroup(cfg, model_path=str(model_path), pad_id=tokenizer.pad_token_id, seed=0)
 
@@ -220,14 +220,13 @@ def test_other_algorithms_update(ray_local, batches, tiny_model_path, tokenizer,
 
 RESUME_SCRIPT = """
 import importlib.util, json, sys
-sys.path.insert(0, {root!r})
 spec = importlib.util.spec_from_file_location("toy", {here!r})
 toy = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(toy)
 toy_trajectories, learner_cfg = toy.toy_trajectories, toy.learner_cfg
-from cluster.config import RayConfig
-from cluster.runtime import ray_session
-from learner.group import LearnerGroup
+from horizonrl.cluster.config import RayConfig
+from horizonrl.cluster.runtime import ray_session
+from horizonrl.learner.group import LearnerGroup
 with ray_session(RayConfig(num_cpus=2)):
     g = LearnerGroup(learner_cfg(), model_path={model!r}, pad_id={pad}, seed=0)
     g.load_checkpoint({ckpt!r})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import load_config
+from horizonrl.cluster.config import load_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,9 +55,9 @@ def test_dashboard_has_stable_uid_and_variables():
                     reason="Debian's prometheus is not installed (.ci/run and "
                            "`make install-dev` install it)")
 def test_every_dashboard_query_returns_data(tmp_path, free_port):
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=prom", "iterations=8", f"run_root={tmp_path}", "metrics.port=0",

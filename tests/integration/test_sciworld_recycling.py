@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from envpool.config import EnvConfig
-from envpool.pool import EnvError, EnvPool
-from envpool.registry import env_spec
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.registry import env_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -47,8 +47,8 @@ def _run(pool: EnvPool, episodes: int) -> list[float]:
 
 
 def test_recycling_bounds_jvm_memory():
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     kwargs = {"tasks": ["find-animal", "use-thermometer"], "jvm_heap_mb": 512}
     with ray_session(RayConfig(num_cpus=2)):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster.config import load_config
+from horizonrl.cluster.config import load_config
 
 pytestmark = pytest.mark.integration
 
@@ -39,9 +39,9 @@ def cfg(tmp_path_factory):
 def test_two_iterations_end_to_end(cfg):
     import ray
 
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
 
     run_dir = make_run_dir(cfg)
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
@@ -98,9 +98,9 @@ def test_two_iterations_end_to_end(cfg):
 
 def test_one_iteration_mixing_two_envs(cfg):
     """A run with extra_envs: each group stays in one env, metrics come per env label."""
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir, sample_tasks
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir, sample_tasks
+    from horizonrl.cluster.runtime import ray_session
 
     # Sampling at 0.7: the learner must score tokens under logits / 0.7, as vLLM sampled them.
     mixed = cfg.model_copy(update={"iterations": 1, "extra_envs": [

@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from actors.transport import PushResult, TrajectorySender
-from learner.ingest import SERVICE_NAME, TrajectoryIngest
-from protos import health_pb2, health_pb2_grpc, trajectory_pb2, trajectory_pb2_grpc
-from protos.codec import from_proto, to_chunks, to_proto
-from protos.trajectory import Trajectory
+from horizonrl.actors.transport import PushResult, TrajectorySender
+from horizonrl.learner.ingest import SERVICE_NAME, TrajectoryIngest
+from horizonrl.protos import health_pb2, health_pb2_grpc, trajectory_pb2, trajectory_pb2_grpc
+from horizonrl.protos.codec import from_proto, to_chunks, to_proto
+from horizonrl.protos.trajectory import Trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

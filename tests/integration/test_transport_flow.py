@@ -13,11 +13,11 @@ import grpc
 import pytest
 from test_transport import wait_until  # the same dir's helpers
 
-from actors.transport import TrajectorySender
-from learner.ingest import TrajectoryIngest
-from protos import trajectory_pb2, trajectory_pb2_grpc
-from protos.codec import encode, to_chunks
-from protos.trajectory import Trajectory
+from horizonrl.actors.transport import TrajectorySender
+from horizonrl.learner.ingest import TrajectoryIngest
+from horizonrl.protos import trajectory_pb2, trajectory_pb2_grpc
+from horizonrl.protos.codec import encode, to_chunks
+from horizonrl.protos.trajectory import Trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.transport import TrajectorySender
-from protos.codec import encode
-from protos.trajectory import Trajectory
+from horizonrl.actors.transport import TrajectorySender
+from horizonrl.protos.codec import encode
+from horizonrl.protos.trajectory import Trajectory
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +23,7 @@ TOKENS = 20_000  # ~0.15 MB encoded, ~2 MB as a decoded Python dataclass
 CAPACITY = 4
 SERVER = """
 import sys, time
-sys.path.insert(0, {root!r})
-from learner.ingest import TrajectoryIngest
+from horizonrl.learner.ingest import TrajectoryIngest
 ing = TrajectoryIngest(host="127.0.0.1", port={port}, capacity={capacity},
                        max_message_bytes=8 << 20).start()
 print("READY", flush=True)

@@ -10,10 +10,10 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
-from actors.transport import TrajectorySender
-from learner.config import IngestConfig
-from learner.ingest import TrajectoryIngest
-from protos.trajectory import Trajectory
+from horizonrl.actors.transport import TrajectorySender
+from horizonrl.learner.config import IngestConfig
+from horizonrl.learner.ingest import TrajectoryIngest
+from horizonrl.protos.trajectory import Trajectory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

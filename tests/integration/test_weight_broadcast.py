@@ -5,14 +5,12 @@ The flow is bench/gpu_check.py's, which runs it on CUDA (NCCL)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from actors.config import GeneratorConfig
-from learner.config import LearnerConfig
+from horizonrl.actors.config import GeneratorConfig
+from horizonrl.learner.config import LearnerConfig
 
 pytestmark = pytest.mark.integration
 
@@ -22,18 +20,15 @@ TOL = 1e-4  # fp32 on both sides; vLLM's prompt logprobs matched HF's to ~1e-6 b
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench/gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("gpu_check", None)
+    import gpu_check  # bench/gpu_check.py (bench/ is on pytest's pythonpath)
+
+    return gpu_check
 
 
 @pytest.fixture(scope="module")
 def checks(gpu_check, tiny_model_path):
-    from cluster.config import RayConfig
-    from cluster.runtime import ray_session
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.runtime import ray_session
 
     learner_cfg = LearnerConfig(world_size=2, zero_stage=3, kl_coef=0.0, lr=1e-2,
                                 warmup_steps=0, minibatches=1, weight_sync="broadcast",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import load_config
+from horizonrl.cluster.config import load_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,10 +22,10 @@ def test_rows_are_the_contexts_vllm_sampled_from(tmp_path):
     import numpy as np
     import ray
 
-    from cluster.driver import Trainer
-    from cluster.iteration import make_run_dir
-    from cluster.runtime import ray_session
-    from learner.batch import pad_batch, turn_rows
+    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.learner.batch import pad_batch, turn_rows
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=window", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from envpool import env_server
-from envpool.agentgym_http import (
+from horizonrl.envpool import env_server
+from horizonrl.envpool.agentgym_http import (
     AgentGymConnectionError,
     AgentGymEnvLostError,
     AgentGymHTTPEnv,
@@ -24,7 +24,7 @@ from envpool.agentgym_http import (
     parse_action,
     random_action,
 )
-from envpool.base import StepResult
+from horizonrl.envpool.base import StepResult
 
 Answer = Callable[[httpx.Request], Any]
 STEP_OK = {"observation": "You see a door.", "reward": 0.0, "score": 0.0, "done": False}

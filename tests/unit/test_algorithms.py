@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from learner import algorithms as alg
+from horizonrl.learner import algorithms as alg
 
 
 def test_grpo_advantages_hand_computed():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.auxiliary import (
+from horizonrl.learner.auxiliary import (
     DPOPair,
     SFTExample,
     dpo_loss,
@@ -25,8 +25,8 @@ from learner.auxiliary import (
     sft_loss,
     write_pairs_jsonl,
 )
-from protos.chat import IM_END, SPECIAL_TOKENS, ChatFormat
-from protos.trajectory import Failure, Trajectory
+from horizonrl.protos.chat import IM_END, SPECIAL_TOKENS, ChatFormat
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 def traj(group: str, response: tuple[int, ...], mask: tuple[int, ...], *, reward: float = 0.0,

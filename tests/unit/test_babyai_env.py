@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from envpool.babyai import (
+from horizonrl.envpool.babyai import (
     SYSTEM_PROMPT,
     BabyAITextEnv,
     oracle_action,
     parse_action,
     random_valid_action,
 )
-from envpool.base import EVAL_SEED_OFFSET, MAX_ACTION_CHARS, StepResult, TextEnv
+from horizonrl.envpool.base import EVAL_SEED_OFFSET, MAX_ACTION_CHARS, StepResult, TextEnv
 
 EVAL_SEEDS = range(10_000, 10_030)  # 30 seeds, away from the small ones other tests scan
 INFO_KEYS = {"invalid_action", "success", "available_actions", "primitive_steps", "mission"}

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
-from protos.trajectory import Failure, Trajectory
+from horizonrl.learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 def _traj(tid, group, prompt, resp, mask, failure=Failure.NONE):
@@ -32,7 +32,7 @@ def test_pad_batch_masks_and_alignment():
 
 
 def test_groups_with_signal_ignores_failed_episodes():
-    from learner.group import groups_with_signal
+    from horizonrl.learner.group import groups_with_signal
 
     def t(tid, group, reward, failure=Failure.NONE):
         base = _traj(tid, group, [1], [2], [1], failure=failure)
@@ -46,7 +46,7 @@ def test_groups_with_signal_ignores_failed_episodes():
 
 
 def test_token_rewards_sit_on_each_turns_last_model_token():
-    from learner.batch import token_rewards
+    from horizonrl.learner.batch import token_rewards
 
     base = _traj("a", "g", [1], [5, 6, 7, 8, 9, 10], [1, 1, 0, 0, 1, 0])
     two_turns = base.__class__(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},

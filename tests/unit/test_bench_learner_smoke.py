@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from learner.config import LearnerConfig
+from horizonrl.learner.config import LearnerConfig
 
 pytestmark = pytest.mark.slow  # loads and trains real (tiny) models
 
@@ -19,13 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench():
-    # Loaded by path: as `learner` it would shadow the learner package.
-    spec = importlib.util.spec_from_file_location("bench_learner", ROOT / "bench/learner.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_learner"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("bench_learner", None)
+    import learner  # bench/learner.py (bench/ is on pytest's pythonpath; the package is
+    # horizonrl.learner, so nothing is shadowed)
+
+    return learner
 
 
 def test_synthetic_batch_is_multi_turn_and_no_group_is_skipped(bench) -> None:

@@ -9,9 +9,17 @@ from typing import Any
 
 import pytest
 
-from protos import trajectory_pb2
-from protos.codec import ChunkAssembler, ChunkError, decode, encode, from_proto, to_chunks, to_proto
-from protos.trajectory import Failure, Trajectory
+from horizonrl.protos import trajectory_pb2
+from horizonrl.protos.codec import (
+    ChunkAssembler,
+    ChunkError,
+    decode,
+    encode,
+    from_proto,
+    to_chunks,
+    to_proto,
+)
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 def multi_turn(**overrides: Any) -> Trajectory:

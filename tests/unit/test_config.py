@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import ConfigError, load_config
+from horizonrl.cluster.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_missing_file():
 
 
 def test_every_field_has_a_description():
-    from cluster.config import RunConfig
+    from horizonrl.cluster.config import RunConfig
 
     def walk(model):
         for name, field in model.model_fields.items():
@@ -74,8 +74,8 @@ def test_multi_env_labels_must_be_unique():
 
 
 def test_tasks_are_drawn_by_env_weight_and_reproducibly():
-    from cluster.iteration import sample_tasks
-    from envpool.base import EVAL_SEED_OFFSET
+    from horizonrl.cluster.iteration import sample_tasks
+    from horizonrl.envpool.base import EVAL_SEED_OFFSET
 
     cfg = load_config(None, ["generator.tasks_per_step=400",
                              "extra_envs=[{name: textcraft, weight: 3}]"])
@@ -89,7 +89,7 @@ def test_tasks_are_drawn_by_env_weight_and_reproducibly():
 
 
 def test_dynamic_sampling_rounds_draw_fresh_groups():
-    from cluster.iteration import sample_tasks
+    from horizonrl.cluster.iteration import sample_tasks
 
     cfg = load_config(None)
     first, again = sample_tasks(cfg, 3), sample_tasks(cfg, 3, 1)
@@ -100,7 +100,7 @@ def test_dynamic_sampling_rounds_draw_fresh_groups():
 
 
 def test_difficulty_schedule_draws_envs_by_stage_weights():
-    from cluster.iteration import sample_tasks
+    from horizonrl.cluster.iteration import sample_tasks
 
     stepwise = ["curriculum.schedule=stepwise", "curriculum.horizons=[4, 8]",
                 "curriculum.steps_per_stage=3", "generator.tasks_per_step=16"]
@@ -118,7 +118,7 @@ def test_difficulty_schedule_draws_envs_by_stage_weights():
 
 
 def test_a_context_longer_than_the_models_positions_fails_before_any_run(tmp_path, capsys):
-    from cluster.cli import main
+    from horizonrl.cluster.cli import main
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 2048}')
@@ -135,7 +135,7 @@ def test_tasks_split_over_generators_like_numpy_array_split():
     most, the first shares taking the remainder."""
     import numpy as np
 
-    from cluster.iteration import split_evenly
+    from horizonrl.cluster.iteration import split_evenly
 
     for n in range(13):
         for parts in range(1, 5):

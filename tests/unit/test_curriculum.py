@@ -3,8 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from actors.config import CurriculumConfig
-from actors.curriculum import (
+from horizonrl.actors.config import CurriculumConfig
+from horizonrl.actors.curriculum import (
     CurriculumActor,
     env_horizons_at,
     env_weights_at,
@@ -87,7 +87,7 @@ ADAPT = CurriculumConfig(schedule="adaptive", horizons=[4, 8], window=4,
 
 
 def _decide(window, horizon=4, cfg=ADAPT):
-    from actors.curriculum import adaptive_decision
+    from horizonrl.actors.curriculum import adaptive_decision
 
     return adaptive_decision(cfg, step=10, horizon=horizon, window=window)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from envpool.base import EVAL_SEED_OFFSET, MAX_ACTION_CHARS, TextEnv
-from envpool.deepsearch import (
+from horizonrl.envpool.base import EVAL_SEED_OFFSET, MAX_ACTION_CHARS, TextEnv
+from horizonrl.envpool.deepsearch import (
     SYSTEM_PROMPT,
     DeepSearchEnv,
     HTTPRetriever,
@@ -30,9 +30,9 @@ from envpool.deepsearch import (
     parse_action,
     random_action,
 )
-from envpool.deepsearch.env import normalize_answer, read_fact, shared_bm25, token_f1
-from envpool.deepsearch.world import RELATION
-from envpool.registry import make_env
+from horizonrl.envpool.deepsearch.env import normalize_answer, read_fact, shared_bm25, token_f1
+from horizonrl.envpool.deepsearch.world import RELATION
+from horizonrl.envpool.registry import make_env
 
 ROOT = Path(__file__).resolve().parents[2]
 EVAL_SEEDS = range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 60)  # 15 questions per hop count

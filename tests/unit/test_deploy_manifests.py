@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
-from cluster.config import load_config
+from horizonrl.cluster.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERAY = ROOT / "deploy" / "kuberay"
@@ -243,7 +243,7 @@ def _cpus(quantity: str | int) -> float:
 
 @pytest.mark.parametrize("name", sorted(RAY_JOBS))
 def test_worker_pod_holds_the_whole_run(name):
-    from cluster.plan import placement_plan, total  # the figures `train --dry-run` prints
+    from horizonrl.cluster.plan import placement_plan, total  # the figures `train --dry-run` prints
 
     job = RAY_JOBS[name]
     cluster = _cluster(job)

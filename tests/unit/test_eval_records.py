@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from cluster.eval_metrics import invalid_action_rate, repeated_action_rate, summarise
-from cluster.evaluate import eval_tasks, to_records
-from envpool.base import EVAL_SEED_OFFSET
-from envpool.config import EnvConfig
-from protos.trajectory import Failure, Trajectory
+from horizonrl.cluster.eval_metrics import invalid_action_rate, repeated_action_rate, summarise
+from horizonrl.cluster.evaluate import eval_tasks, to_records
+from horizonrl.envpool.base import EVAL_SEED_OFFSET
+from horizonrl.envpool.config import EnvConfig
+from horizonrl.protos.trajectory import Failure, Trajectory
 
 
 def _traj(group, actions, success, failure=Failure.NONE, invalid=0):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.eval_metrics import EpisodeRecord, summarise
-from cluster.eval_report import PLOTS, markdown, write_report
+from horizonrl.cluster.eval_metrics import EpisodeRecord, summarise
+from horizonrl.cluster.eval_report import PLOTS, markdown, write_report
 
 pytest.importorskip("matplotlib")
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.generator import GeneratorActor, Task
+from horizonrl.actors.generator import GeneratorActor, Task
 
 
 def _gen(**capacity):

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from actors.heap import can_trim
+from horizonrl.actors.heap import can_trim
 
 # In a fresh process: fill 256 MB of the heap with 4 KB blocks, free all but every 64th (the
 # survivors pin the heap, so glibc cannot give the free space back on its own), then trim.
 _FRAGMENT = """
 import ctypes, json, psutil
-from actors.heap import trim_heap
+from horizonrl.actors.heap import trim_heap
 libc, me = ctypes.CDLL(None), psutil.Process()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from learner.batch import micro_batch_count, micro_batches
-from learner.config import LearnerConfig
-from learner.worker import lr_factor
+from horizonrl.learner.batch import micro_batch_count, micro_batches
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.learner.worker import lr_factor
 
 
 def test_warmup_then_constant_or_cosine():

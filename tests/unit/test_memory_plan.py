@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.memory_plan import ModelShape, activation_bytes, model_states_bytes
+from horizonrl.cluster.memory_plan import ModelShape, activation_bytes, model_states_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN_7B = ModelShape.from_config(ROOT / "configs/models/qwen2.5-7b")
@@ -59,7 +59,7 @@ def test_checkpointing_and_precision_lower_the_estimate():
 
 
 def test_dry_run_says_what_does_not_fit(capsys):
-    from cluster.cli import main
+    from horizonrl.cluster.cli import main
 
     args = ["train", "--config", str(ROOT / "configs/babyai-local.yaml"), "--dry-run",
             f"model.path={ROOT / 'configs/models/qwen2.5-7b'}", "learner.dtype=bf16",
@@ -77,7 +77,7 @@ def test_dry_run_says_what_does_not_fit(capsys):
 @pytest.mark.parametrize("path", sorted((ROOT / "configs/gpu").glob("*.yaml")),
                          ids=lambda p: p.name)
 def test_gpu_recipes_fit_the_node_they_describe(path):
-    from cluster.cli import main
+    from horizonrl.cluster.cli import main
 
     assert main(["train", "--config", str(path), "--dry-run", "--resources", "CPU=96,GPU=8",
                  "--gpu-memory-gib", "80"]) == 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from learner.group import agreed_precision
-from protos.precision import bf16_native, cpu_flags, engine_dtype, learner_dtype
+from horizonrl.learner.group import agreed_precision
+from horizonrl.protos.precision import bf16_native, cpu_flags, engine_dtype, learner_dtype
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -57,8 +57,8 @@ def test_learner_ranks_that_resolve_differently_are_refused():
 
 def test_the_memory_plan_counts_auto_as_bf16(capsys):
     """The plan is per GPU, where `auto` means bf16."""
-    from cluster.config import load_config
-    from cluster.plan import memory_report
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.plan import memory_report
 
     printed = {}
     for learner, engine in (("auto", "auto"), ("bf16", "bfloat16"), ("fp32", "float32")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from learner.recent_ids import RecentIds
+from horizonrl.learner.recent_ids import RecentIds
 
 
 def test_keeps_the_latest_and_forgets_the_oldest_first():

@@ -4,9 +4,9 @@ The engine here is scripted so the expected ids are known exactly; the real vLLM
 same loop in tests/integration/test_training_loop.py.
 """
 
-from actors.rollout import AgentLoop, run_episode
-from envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
-from protos.chat import ChatFormat
+from horizonrl.actors.rollout import AgentLoop, run_episode
+from horizonrl.envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
+from horizonrl.protos.chat import ChatFormat
 
 
 def test_three_turn_ids_mask_and_logprobs(tokenizer, scripted_engine):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from envpool.base import EVAL_SEED_OFFSET, MAX_ACTION_CHARS, StepResult, TextEnv
-from envpool.sciworld import (
+from horizonrl.envpool.base import EVAL_SEED_OFFSET, MAX_ACTION_CHARS, StepResult, TextEnv
+from horizonrl.envpool.sciworld import (
     _GENERIC_ACTIONS,
     DEFAULT_TASKS,
     SYSTEM_PROMPT,

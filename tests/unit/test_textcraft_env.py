@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envpool.base import EVAL_SEED_OFFSET, NEW_INSTANCE_OFFSET, StepResult, TextEnv
-from envpool.textcraft import (
+from horizonrl.envpool.base import EVAL_SEED_OFFSET, NEW_INSTANCE_OFFSET, StepResult, TextEnv
+from horizonrl.envpool.textcraft import (
     DEPTHS,
     SYSTEM_PROMPT,
     TextCraftEnv,
@@ -80,7 +80,7 @@ def test_text_and_splits_are_the_same_in_another_process():
     """The package orders its text by string hashes and its recipes by directory order."""
     code = textwrap.dedent("""
         import hashlib
-        from envpool.textcraft import TextCraftEnv, task_list
+        from horizonrl.envpool.textcraft import TextCraftEnv, task_list
         env = TextCraftEnv()
         texts = [env.reset(seed=s)[0] for s in (*range(30), *range(1_000_000, 1_000_030))]
         texts += [repr(task_list("train")), repr(task_list("eval"))]

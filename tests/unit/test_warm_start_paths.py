@@ -3,7 +3,7 @@
 import json
 import shutil
 
-from cluster.warm_start import DONE_FILE, INIT_DIR, warm_start_model
+from horizonrl.cluster.warm_start import DONE_FILE, INIT_DIR, warm_start_model
 
 
 def test_copied_run_uses_its_own_clone(tmp_path):

@@ -10,9 +10,9 @@ from itertools import pairwise
 import pytest
 import torch
 
-from actors.weight_receiver import WeightReceiverExtension
-from learner.config import LearnerConfig
-from learner.weights import (
+from horizonrl.actors.weight_receiver import WeightReceiverExtension
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.learner.weights import (
     ALIGN,
     BroadcastWeightSync,
     ObjectStoreWeightSync,
@@ -24,7 +24,7 @@ from learner.weights import (
     send_buckets,
     state_specs,
 )
-from protos.weight_wire import BroadcastGroup, unpack_bucket
+from horizonrl.protos.weight_wire import BroadcastGroup, unpack_bucket
 
 KB = 1024
 
@@ -182,7 +182,7 @@ def test_gloo_pushes_reach_the_worker_extension(tied_model, take) -> None:
 
 
 def test_sync_stats_name_the_same_metrics_for_both_strategies():
-    from learner.weights import SyncStats
+    from horizonrl.learner.weights import SyncStats
 
     store = SyncStats(seconds=0.5, reload_seconds=0.2)
     assert store.metrics() == {"weight_sync_seconds": 0.5, "weight_reload_seconds": 0.2}

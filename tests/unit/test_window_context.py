@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from actors.rollout import AgentLoop, ContextOverflow, run_episode
-from envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
-from learner.batch import apply_overlong, pad_batch, turn_rows, valid_mask
-from learner.config import LearnerConfig
-from learner.objectives import policy_objective
-from protos.chat import ChatFormat
-from protos.codec import decode, encode
-from protos.trajectory import Trajectory
+from horizonrl.actors.rollout import AgentLoop, ContextOverflow, run_episode
+from horizonrl.envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
+from horizonrl.learner.batch import apply_overlong, pad_batch, turn_rows, valid_mask
+from horizonrl.learner.config import LearnerConfig
+from horizonrl.learner.objectives import policy_objective
+from horizonrl.protos.chat import ChatFormat
+from horizonrl.protos.codec import decode, encode
+from horizonrl.protos.trajectory import Trajectory
 
 ACTIONS = ["turn left", "move forward", "turn right", "turn left", "move forward"]
 
@@ -159,7 +159,7 @@ def test_overlong_modes(tokenizer, scripted_engine):
 
 
 def test_window_rejects_the_learners_that_need_whole_episodes():
-    from cluster.config import ConfigError, load_config
+    from horizonrl.cluster.config import ConfigError, load_config
 
     for algo in ("ppo", "rejection_sampling"):
         with pytest.raises(ConfigError, match=rf"context.mode=window .*learner.algorithm={algo}"):
