@@ -25,6 +25,7 @@ from horizonrl.envpool.pool import EnvError, EnvPool
 from horizonrl.envpool.registry import env_spec
 from horizonrl.protos.chat import ChatFormat, load_tokenizer
 from horizonrl.protos.precision import bf16_native, engine_dtype
+from horizonrl.protos.reports import RolloutReport, RolloutSeconds
 from horizonrl.protos.trajectory import Failure
 
 
@@ -138,7 +139,7 @@ class GeneratorActor:
 
     # -- rollout -----------------------------------------------------------------------------
     def rollout(self, tasks: Sequence[Task], *, group_size: int, step: int,
-                horizon: int | None = None) -> dict[str, Any]:
+                horizon: int | None = None) -> RolloutReport:
         """Run `group_size` episodes of each task to the end; push each as it finishes.
         `horizon` overrides the curriculum's (every env's) for this call only (evaluation
         sweeps)."""
@@ -159,10 +160,10 @@ class GeneratorActor:
         finally:
             if self.cfg.trim_heap:  # fragmentation, not a leak: see actors/heap.py
                 trim_heap()
-        return {"trajectory_ids": sent, "policy_version": version, "horizon": horizon,
-                "seconds": timing, "env_restarts": self.env_restarts(),
-                "env_stats": self.env_stats(), "rss_bytes": psutil.Process().memory_info().rss,
-                **counts}
+        return RolloutReport(
+            trajectory_ids=tuple(sent), policy_version=version, horizon=horizon,
+            seconds=RolloutSeconds(**timing), env_restarts=self.env_restarts(),
+            env_stats=self.env_stats(), rss_bytes=psutil.Process().memory_info().rss, **counts)
 
     def _waves(self, tasks: Sequence[Task], group_size: int) -> list[list[Task]]:
         """Tasks in consecutive waves whose episodes fit each env's replicas (a run's draw of

@@ -111,9 +111,9 @@ def child(config: str, variant: str, rollouts: int, horizon: int, overrides: lis
             out = gen.rollout(sample_tasks(cfg, i), group_size=g.group_size, step=i)
             totals["wall"] += time.perf_counter() - t0
             for k in ("generate", "env", "transport"):
-                totals[k] += out["seconds"][k]
-            totals["episode_turns"] += out["env_steps"]
-            totals["tokens"] += out["generated_tokens"]
+                totals[k] += getattr(out.seconds, k)
+            totals["episode_turns"] += out.env_steps
+            totals["tokens"] += out.generated_tokens
             ingest.drain()
         call_seconds = sum(c["seconds"] for c in engine.calls)
         bare_tokens, bare_seconds = (replay(engine.inner, engine.calls) if variant == "cache"

@@ -21,6 +21,7 @@ from typing import Any
 from horizonrl.cluster.driver import Trainer
 from horizonrl.cluster.iteration import Gathered, sample_tasks
 from horizonrl.learner.weights import SyncStats
+from horizonrl.protos.reports import RolloutReport
 from horizonrl.protos.trajectory import Trajectory
 
 
@@ -61,7 +62,7 @@ class AsyncTrainer(Trainer):
         for i in range(len(self.generators)):
             if i not in self.inflight:
                 self._submit(i)
-        outs: list[dict[str, Any]] = []
+        outs: list[RolloutReport] = []
         ids: list[str] = []
         orphans: list[str] = []
         want = self.cfg.generator.tasks_per_step
@@ -82,10 +83,10 @@ class AsyncTrainer(Trainer):
                 self.gen_versions[i] = self.policy_version
                 self._submit(i)
                 continue
-            got, lost = self._collect(out["trajectory_ids"])
+            got, lost = self._collect(list(out.trajectory_ids))
             self.buffer += got
             outs.append(out)
-            ids += out["trajectory_ids"]
+            ids += out.trajectory_ids
             orphans += lost
             self._submit(i)
         order = list(dict.fromkeys(t.group_id for t in self.buffer))[:want]

@@ -46,6 +46,7 @@ from horizonrl.learner.group import LearnerGroup, groups_with_signal
 from horizonrl.learner.weights import SyncStats, make_weight_sync
 from horizonrl.protos.chat import load_tokenizer
 from horizonrl.protos.codec import to_json_line
+from horizonrl.protos.reports import RolloutReport, RolloutSeconds, all_ids
 from horizonrl.protos.trajectory import Trajectory
 
 
@@ -139,7 +140,7 @@ class Trainer:
         ray.get(self.curriculum.register.remote(f"gen{i}", new))
         self.generator_restarts += 1
 
-    def _rollout(self, tasks: list[Task], step: int) -> list[dict[str, Any]]:
+    def _rollout(self, tasks: list[Task], step: int) -> list[RolloutReport]:
         """Each generator rolls out its share; a generator that dies is restarted and its
         share re-run under new trajectory ids (what it had sent is discarded by id)."""
         import ray
@@ -169,7 +170,7 @@ class Trainer:
         while (len(groups_with_signal(g.trajs)) < want
                and rounds < self.cfg.learner.max_sampling_rounds):
             more = self._rollout(sample_tasks(self.cfg, step, rounds), step)
-            ids = [t for o in more for t in o["trajectory_ids"]]
+            ids = all_ids(more)
             got, orphans = self._collect(ids)
             g.outs += more
             g.generated += ids
@@ -210,14 +211,14 @@ class Trainer:
         roll = rollout_metrics(trajs)
         new_horizon, _ = ray.get(self.curriculum.tick.remote(self.step_count, roll))
         decision = ray.get(self.curriculum.last_decision.remote())
-        secs = {k: float(sum(o["seconds"][k] for o in outs))
-                for k in ("generate", "env", "transport")}
+        spent = sum((o.seconds for o in outs), RolloutSeconds())
+        secs = {"generate": spent.generate, "env": spent.env, "transport": spent.transport}
         secs.update(rollout=t_rollout, learn=t_learn, weight_sync=sync.seconds,
                     iteration=time.perf_counter() - t_start)
-        tokens = sum(o["generated_tokens"] for o in outs)
-        prompt_tokens = sum(o["prompt_tokens"] for o in outs)
-        cached = sum(o["cached_tokens"] for o in outs)
-        env_steps = sum(o["env_steps"] for o in outs)
+        tokens = sum(o.generated_tokens for o in outs)
+        prompt_tokens = sum(o.prompt_tokens for o in outs)
+        cached = sum(o.cached_tokens for o in outs)
+        env_steps = sum(o.env_steps for o in outs)
         m = {"step": step, "horizon": horizon, "next_horizon": new_horizon,
              "policy_version": self.policy_version, **roll,
              "trajectories_generated": len(g.generated), "trajectories_orphaned": len(g.orphans),
@@ -225,8 +226,8 @@ class Trainer:
              "ledger": self.ledger.flush(),
              "ingest_duplicates": self.ingest.stats()["duplicates"],
              "generator_restarts": self.generator_restarts,
-             "generator_rss_max_bytes": max((o["rss_bytes"] for o in outs), default=0),
-             "env_restarts": sum(o["env_restarts"] for o in outs),
+             "generator_rss_max_bytes": max((o.rss_bytes for o in outs), default=0),
+             "env_restarts": sum(o.env_restarts for o in outs),
              "queue_depth": self.ingest.stats()["queue_depth"], "staleness_max": staleness,
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),
              "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
@@ -259,7 +260,7 @@ class Trainer:
         """Sync mode: roll out this step's tasks (more with dynamic sampling) and collect
         exactly those trajectories."""
         outs = self._rollout(sample_tasks(self.cfg, step), step)
-        ids = [tid for o in outs for tid in o["trajectory_ids"]]
+        ids = all_ids(outs)
         trajs, orphans = self._collect(ids)
         g = Gathered(outs=outs, generated=ids, trajs=trajs, orphans=orphans,
                      metrics={"sampling": {"rounds": 1.0, "groups_dropped": 0.0}})

@@ -20,6 +20,7 @@ from horizonrl.cluster.eval_metrics import EpisodeRecord
 from horizonrl.envpool.base import split_seeds
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.pool import EnvPool
+from horizonrl.protos.reports import all_ids
 from horizonrl.protos.trajectory import Trajectory
 
 
@@ -64,7 +65,7 @@ def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequ
         shares = split_evenly(todo, len(generators))
         outs = ray.get([g.rollout.remote(s, group_size=samples, step=step, horizon=h)
                         for g, s in zip(generators, shares) if s])
-        ids = [tid for o in outs for tid in o["trajectory_ids"]]
+        ids = all_ids(outs)
         records += to_records(model, collect(ids), h)
     return records
 

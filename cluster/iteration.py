@@ -21,6 +21,7 @@ from horizonrl.cluster.prometheus import repeated_action_rate
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.learner.config import IngestConfig, LearnerConfig
 from horizonrl.learner.ingest import TrajectoryIngest, is_wildcard
+from horizonrl.protos.reports import RolloutReport
 from horizonrl.protos.trajectory import Failure, Trajectory
 
 
@@ -28,7 +29,7 @@ from horizonrl.protos.trajectory import Failure, Trajectory
 class Gathered:
     """What one iteration's data phase produced, for training, metrics and the ledger."""
 
-    outs: list[dict[str, Any]]  # the generators' rollout results
+    outs: list[RolloutReport]  # the generators' rollout reports
     generated: list[str]  # ids the generators reported for this phase
     trajs: list[Trajectory]  # to train on
     orphans: list[str] = field(default_factory=list)  # delivered by generators that died
@@ -90,12 +91,12 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def env_metrics(cfg: RunConfig, trajs: Sequence[Trajectory],
-                outs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+                outs: Sequence[RolloutReport]) -> dict[str, dict[str, float]]:
     """Per env label: pool counters summed over generators, and (in multi-env runs) the rollout
     metrics of that env's episodes."""
     out: dict[str, dict[str, float]] = {}
     for e in cfg.envs:
-        stats = [o["env_stats"][e.key] for o in outs if e.key in o.get("env_stats", {})]
+        stats = [o.env_stats[e.key] for o in outs if e.key in o.env_stats]
         pool = {k: float(sum(st[k] for st in stats)) for k in stats[0]} if stats else {}
         if pool:
             pool["call_latency_mean_s"] = pool["call_seconds"] / max(pool["calls"], 1.0)

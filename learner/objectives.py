@@ -16,7 +16,8 @@ from horizonrl.learner.config import LearnerConfig
 def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, *,
                      ref_logprobs: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped (or dual-clipped) surrogate on `mb["advantages"]` against the behaviour
-    logprobs (or, with `prox_logprobs` and `is_weights` in `mb`, the decoupled form), aggregated
+    logprobs (or, with `cfg.decoupled_loss`, the decoupled form on `mb["prox_logprobs"]` and
+    `mb["is_weights"]`, which the caller computed), aggregated
     by `cfg.loss_agg`, plus `kl_coef` x KL to the reference (unless the KL went into the
     rewards) minus `entropy_coef` x entropy. Returns (loss, detached stats)."""
     ids, mask = mb["input_ids"], mb["loss_mask"]
@@ -24,7 +25,10 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
     # Decoupled PPO (off-policy batches): the trust region is around the learner's own
     # pre-update policy ("prox"), and the gap to the behaviour policy that sampled the tokens
     # is corrected by a truncated importance weight.
-    decoupled = "prox_logprobs" in mb
+    decoupled = bool(cfg.decoupled_loss)
+    if decoupled and "prox_logprobs" not in mb:
+        raise ValueError("learner.decoupled_loss is on but the micro-batch has no prox_logprobs "
+                         "and is_weights (LearnerWorker._decoupled_inputs computes them)")
     per_token, unclipped, ratio = alg.surrogate_per_token(
         logp, mb["prox_logprobs" if decoupled else "old_logprobs"], mb["advantages"],
         clip=cfg.clip_ratio, dual_clip=cfg.dual_clip)

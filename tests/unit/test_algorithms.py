@@ -201,3 +201,28 @@ def test_aggregate_modes():
     assert alg.aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx(3.5)
     with pytest.raises(ValueError, match="token-mean"):
         alg.aggregate(loss, mask, "sum")
+
+
+def test_decoupled_loss_is_chosen_by_config_not_by_batch_keys() -> None:
+    from horizonrl.learner.config import LearnerConfig
+    from horizonrl.learner.objectives import policy_objective
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 5, 11)
+    ids = torch.randint(0, 11, (1, 5))
+    mb = {"input_ids": ids, "loss_mask": torch.tensor([[0.0, 1, 1, 1, 1]]),
+          "advantages": torch.ones(1, 5), "old_logprobs": alg.token_logprobs(logits, ids)}
+    plain, _ = policy_objective(logits, mb, LearnerConfig(decoupled_loss=False),
+                                ref_logprobs=None)
+    with pytest.raises(ValueError, match="prox_logprobs"):
+        policy_objective(logits, mb, LearnerConfig(decoupled_loss=True), ref_logprobs=None)
+    # Prox equal to the behaviour and unit weights: the decoupled form is the plain one.
+    both = {**mb, "prox_logprobs": mb["old_logprobs"], "is_weights": torch.ones(1, 5)}
+    decoupled, _ = policy_objective(logits, both, LearnerConfig(decoupled_loss=True),
+                                    ref_logprobs=None)
+    assert decoupled.item() == pytest.approx(plain.item())
+    # A stray prox key does not switch a plain run to the decoupled loss.
+    shifted = {**both, "prox_logprobs": mb["old_logprobs"] - 1.0}
+    again, _ = policy_objective(logits, shifted, LearnerConfig(decoupled_loss=False),
+                                ref_logprobs=None)
+    assert again.item() == pytest.approx(plain.item())

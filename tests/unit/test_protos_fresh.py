@@ -20,4 +20,5 @@ def test_generated_code_is_fresh() -> None:
 
 
 def test_grpc_module_imports_as_package() -> None:
-    assert "from horizonrl.protos import trajectory_pb2" in (PROTOS / "trajectory_pb2_grpc.py").read_text()
+    text = (PROTOS / "trajectory_pb2_grpc.py").read_text()
+    assert "from horizonrl.protos import trajectory_pb2" in text
