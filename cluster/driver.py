@@ -1,8 +1,9 @@
 """The driver: builds the actors, runs the iteration loop, writes the run directory.
 
-One iteration (sync mode, AgentGym-RL's): curriculum horizon -> generators roll out whole GRPO
-groups and stream them over gRPC -> the learner takes exactly those trajectories -> one policy
-update -> weights pushed to the generators (policy_version + 1) -> the curriculum ticks.
+One iteration: curriculum horizon -> the rollout phase gathers whole GRPO groups, streamed over
+gRPC (sync, AgentGym-RL's: exactly this step's trajectories; async: the oldest buffered groups)
+-> one policy update -> the phase publishes the weights (policy_version + 1) -> the curriculum
+ticks. The modes differ only in their phase (cluster/phases.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.actors.curriculum import CurriculumActor
-from horizonrl.actors.generator import GeneratorActor, Task
+from horizonrl.actors.generator import GeneratorActor
 from horizonrl.cluster.checkpoints import (
     LEARNER_DIR,
     PROBE_IDS,
@@ -27,26 +28,24 @@ from horizonrl.cluster.config import RunConfig
 from horizonrl.cluster.iteration import (
     Gathered,
     collect_trajectories,
-    dead_actors,
     env_metrics,
     flatten,
     open_ingest,
     resolved_learner,
     rollout_metrics,
-    sample_tasks,
-    split_evenly,
 )
 from horizonrl.cluster.ledger import Ledger
 from horizonrl.cluster.metrics import MetricsLogger
 from horizonrl.cluster.models import ensure_model
+from horizonrl.cluster.phases import make_phase
 from horizonrl.cluster.prometheus import PrometheusExporter
 from horizonrl.envpool.pool import EnvPool
 from horizonrl.learner.batch import apply_overlong
-from horizonrl.learner.group import LearnerGroup, groups_with_signal
-from horizonrl.learner.weights import SyncStats, make_weight_sync
+from horizonrl.learner.group import LearnerGroup
+from horizonrl.learner.weights import make_weight_sync
 from horizonrl.protos.chat import load_tokenizer
 from horizonrl.protos.codec import to_json_line
-from horizonrl.protos.reports import RolloutReport, RolloutSeconds, all_ids
+from horizonrl.protos.reports import RolloutSeconds
 from horizonrl.protos.trajectory import Trajectory
 
 
@@ -100,6 +99,7 @@ class Trainer:
                   flush=True)
         self.last_trajectories: list[Trajectory] = []
         self.ledger = Ledger.resume(run_dir, self.step_count)
+        self.phase = make_phase(self)  # sync or async: where data comes from, how weights go
 
     def __enter__(self) -> Trainer:
         return self
@@ -140,51 +140,9 @@ class Trainer:
         ray.get(self.curriculum.register.remote(f"gen{i}", new))
         self.generator_restarts += 1
 
-    def _rollout(self, tasks: list[Task], step: int) -> list[RolloutReport]:
-        """Each generator rolls out its share; a generator that dies is restarted and its
-        share re-run under new trajectory ids (what it had sent is discarded by id)."""
-        import ray
-
-        shares = split_evenly(tasks, len(self.generators))
-        group = self.cfg.generator.group_size
-        refs = [g.rollout.remote(s, step=step, group_size=group)
-                for g, s in zip(self.generators, shares)]
-        outs = []
-        for i, (ref, share) in enumerate(zip(refs, shares)):
-            try:
-                outs.append(ray.get(ref))
-            except ray.exceptions.RayActorError:
-                self.replace_dead_generator(i, lost_episodes=len(share) * group, step=step,
-                                            when=f"in step {step} (its {len(share)} tasks "
-                                            "are re-run)")
-                outs.append(ray.get(self.generators[i].rollout.remote(
-                    share, step=step, group_size=group)))
-        return outs
-
-    def _fill_with_signal(self, g: Gathered, step: int) -> None:
-        """Dynamic sampling (DAPO): roll out fresh tasks until tasks_per_step groups have
-        reward variance or max_sampling_rounds is reached; keep the first tasks_per_step such
-        groups, the rest is dropped as not_selected. Updates `g` in place."""
-        want = self.cfg.generator.tasks_per_step
-        rounds = 1
-        while (len(groups_with_signal(g.trajs)) < want
-               and rounds < self.cfg.learner.max_sampling_rounds):
-            more = self._rollout(sample_tasks(self.cfg, step, rounds), step)
-            ids = all_ids(more)
-            got, orphans = self._collect(ids)
-            g.outs += more
-            g.generated += ids
-            g.orphans += orphans
-            g.trajs = g.trajs + got
-            rounds += 1
-        keep = set(groups_with_signal(g.trajs)[:want])
-        groups = len({t.group_id for t in g.trajs})
-        g.dropped["not_selected"] = [t.trajectory_id for t in g.trajs if t.group_id not in keep]
-        g.trajs = [t for t in g.trajs if t.group_id in keep]
-        g.metrics["sampling"] = {"rounds": float(rounds), "groups_with_signal": float(len(keep)),
-                                 "groups_dropped": float(groups - len(keep))}
-
-    def _collect(self, ids: list[str]) -> tuple[list[Trajectory], list[str]]:
+    def collect(self, ids: list[str]) -> tuple[list[Trajectory], list[str]]:
+        """Exactly the trajectories with `ids` from the ingest (overlong rule applied), and the
+        ids of others that arrived meanwhile."""
         got, orphans = collect_trajectories(self.ingest, ids,
                                             self.cfg.learner.ingest.collect_timeout_s)
         lc = self.cfg.learner
@@ -196,7 +154,7 @@ class Trainer:
 
         step, t_start = self.step_count, time.perf_counter()
         horizon, _ = ray.get(self.curriculum.current.remote())
-        g = self._gather(step)
+        g = self.phase.gather(step)
         outs, trajs = g.outs, g.trajs
         t_rollout = time.perf_counter() - t_start
         staleness = max((self.policy_version - t.policy_version for t in trajs), default=0)
@@ -204,9 +162,7 @@ class Trainer:
         learn = self._train(trajs)
         t_learn = time.perf_counter() - t0
         trained = self._account(step, g, trajs)
-        if self._bumps_version(learn):
-            self.policy_version += 1
-        sync = self._push_weights()
+        sync = self.phase.publish(learn)
         self.step_count += 1
         roll = rollout_metrics(trajs)
         new_horizon, _ = ray.get(self.curriculum.tick.remote(self.step_count, roll))
@@ -256,18 +212,6 @@ class Trainer:
                 "".join(to_json_line(t) + "\n" for t in trajs))
         return m
 
-    def _gather(self, step: int) -> Gathered:
-        """Sync mode: roll out this step's tasks (more with dynamic sampling) and collect
-        exactly those trajectories."""
-        outs = self._rollout(sample_tasks(self.cfg, step), step)
-        ids = all_ids(outs)
-        trajs, orphans = self._collect(ids)
-        g = Gathered(outs=outs, generated=ids, trajs=trajs, orphans=orphans,
-                     metrics={"sampling": {"rounds": 1.0, "groups_dropped": 0.0}})
-        if self.cfg.learner.dynamic_sampling:
-            self._fill_with_signal(g, step)
-        return g
-
     def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
         """The learner update; a dead learner rank ends the run with what to do next."""
         import ray
@@ -302,27 +246,6 @@ class Trainer:
                 led.add_dropped(ids, fate, step)
         return len(fates.get("trained", []))
 
-    def _bumps_version(self, learn: dict[str, float]) -> bool:
-        return True  # sync: every iteration is a version (generators reload in lock-step)
-
-    def _push_weights(self) -> SyncStats:
-        """Sync mode: every generator reloads the new weights before the next rollout. One
-        that died before or during the push is restarted (and re-synced on its own), and the
-        push is repeated over the new list; a broadcast group re-forms for it."""
-        import ray
-
-        try:
-            return self.weights.push(self.policy_version)
-        except (ray.exceptions.RayError, TimeoutError):
-            # Live generators may still be inside the failed collective until its timeout.
-            dead = dead_actors(self.generators, self.cfg.learner.weight_sync_timeout_s + 30)
-            if not dead:
-                raise
-        for i in dead:  # its rollout had ended: no episodes lost
-            self.replace_dead_generator(i, lost_episodes=0, step=self.step_count,
-                                        when="during the weight push")
-        return self.weights.push(self.policy_version)
-
     def evaluate(self) -> dict[str, float]:
         """Eval-split accuracy (and pass@samples) per env and turn budget with the current
         policy, as eval/<env>/h<H>/... keys."""
@@ -333,7 +256,7 @@ class Trainer:
 
         e = self.cfg.eval
         turns = e.max_turns or [ray.get(self.curriculum.current.remote())[0]]
-        records = run_sweep(self.generators, lambda ids: self._collect(ids)[0], model="policy",
+        records = run_sweep(self.generators, lambda ids: self.collect(ids)[0], model="policy",
                             envs=self.cfg.envs, tasks=e.tasks, samples=e.samples,
                             max_turns=turns, step=self.step_count)
         summary = summarise(records, [e.samples])["policy"]
@@ -387,6 +310,7 @@ class Trainer:
         self.learner.load_checkpoint(state_dir)
 
     def close(self) -> None:
+        self.phase.close()
         summary = self.ledger.close()
         print(f"[horizonrl] ledger: {summary['generated']} generated, {summary['trained']} "
               f"trained, dropped {summary['dropped'] or 'none'}, "

@@ -23,9 +23,6 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
     check_context(base, cfg.generator.max_context_tokens)
     t0 = time.perf_counter()
-    trainer_cls = Trainer
-    if cfg.mode == "async":
-        from horizonrl.cluster.async_driver import AsyncTrainer as trainer_cls
     with ray_session(cfg.ray):
         wait_until_fits(cfg)  # before a run dir exists: a run that cannot start leaves none
         run_dir, state = _open_run(cfg, resume)
@@ -36,7 +33,7 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
             cloned = run_warm_start(cfg, run_dir=run_dir, base_model=str(base))
             cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
                 update={"path": str(cloned)})})
-        _rl(cfg, run_dir=run_dir, state=state, trainer_cls=trainer_cls, t0=t0)
+        _rl(cfg, run_dir=run_dir, state=state, t0=t0)
     return run_dir
 
 
@@ -70,9 +67,9 @@ def _unfinished_warm_start(cfg: RunConfig) -> Path | None:
     return None
 
 
-def _rl(cfg: RunConfig, *, run_dir: Path, state: object, trainer_cls: type, t0: float) -> None:
+def _rl(cfg: RunConfig, *, run_dir: Path, state: object, t0: float) -> None:
     """The RL phase: iterations with progress, periodic and final checkpoints."""
-    with trainer_cls(cfg, run_dir=run_dir, resume=state) as trainer:
+    with Trainer(cfg, run_dir=run_dir, resume=state) as trainer:
         print(f"[horizonrl] actors ready in {time.perf_counter() - t0:.0f}s (learner "
               f"{trainer.precision['learner']}, vLLM {trainer.precision['generator']}); training "
               f"to {cfg.iterations} iterations", flush=True)

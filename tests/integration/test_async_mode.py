@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_async_staleness_bound_and_importance_weights(tmp_path):
-    from horizonrl.cluster.async_driver import AsyncTrainer
+    from horizonrl.cluster.driver import Trainer
     from horizonrl.cluster.iteration import make_run_dir
     from horizonrl.cluster.runtime import ray_session
 
@@ -27,7 +27,7 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
         "learner.skip_zero_variance_groups=false",
         "learner.dtype=fp32", "generator.dtype=float32"])  # the 1e-4 logprob checks need fp32
     lags, dropped = [], []
-    with ray_session(cfg.ray), AsyncTrainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
+    with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         assert trainer.learner.cfg.decoupled_loss  # on by default in async mode
         for _ in range(4):
             version = trainer.policy_version  # the learner's version when it trains
@@ -56,7 +56,7 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
 
 
 def test_split_stale_drops_exactly_the_old_versions():
-    from horizonrl.cluster.async_driver import split_stale
+    from horizonrl.cluster.phases import split_stale
     from horizonrl.protos.trajectory import Trajectory
 
     def t(v):

@@ -108,7 +108,7 @@ def test_one_iteration_mixing_two_envs(cfg):
         "generator": cfg.generator.model_copy(update={"temperature": 0.7})})
     assert {t.env for t in sample_tasks(mixed, 0)} == {"babyai", "deepsearch"}
     with ray_session(mixed.ray), Trainer(mixed, run_dir=make_run_dir(mixed)) as trainer:
-        before = trainer._gather(0).trajs  # rolled out, not trained on
+        before = trainer.phase.gather(0).trajs  # rolled out, not trained on
         w = trainer.learner.importance_weights(before)
         mask = w["loss_mask"] > 0
         gap = float(np.abs(w["prox_logprobs"] - w["old_logprobs"])[mask].max())

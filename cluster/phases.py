@@ -1,0 +1,256 @@
+"""Where an iteration's data comes from and how new weights reach the generators: the one part
+that differs between sync and async training. The `Trainer` (cluster/driver.py) runs the same
+loop in both modes (gather -> train -> ledger -> publish -> metrics) and holds the shared parts
+both phases use: the generators and their one recovery path (`replace_dead_generator`), the
+ingest (`collect`), the weight sync and the ledger.
+
+Sync (AgentGym-RL's): every step rolls out its own tasks, trains on exactly those trajectories,
+and every generator reloads the new weights before the next rollout.
+
+Async: generators never wait for the learner. Every generator always has one rollout in
+flight; when one finishes, its trajectories go into a buffer and the generator is handed the
+newest weights (if the learner has moved on) and its next rollout at once: the reload is queued
+on the actor ahead of the rollout, so generation stops only for the reload itself, and episodes
+never change weights mid-way (their `policy_version` is the version that produced every token).
+The learner takes the oldest `tasks_per_step` whole groups from the buffer, drops trajectories
+more than `max_staleness` versions behind (and counts them), and trains with the decoupled loss
+(learner.decoupled_loss), whose truncated importance weights correct for the lag. Which
+trajectories land in which update depends on timing, so an async run is not bit-for-bit
+reproducible, and `--resume` restores weights, optimizer and curriculum but not the in-flight
+rollouts (they are re-generated).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from horizonrl.cluster.iteration import (
+    Gathered,
+    dead_actors,
+    sample_tasks,
+    split_evenly,
+)
+from horizonrl.learner.group import groups_with_signal
+from horizonrl.learner.weights import SyncStats
+from horizonrl.protos.reports import RolloutReport, all_ids
+from horizonrl.protos.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from horizonrl.actors.generator import Task
+    from horizonrl.cluster.driver import Trainer
+
+
+class RolloutPhase(Protocol):
+    """The mode-specific half of an iteration."""
+
+    def gather(self, step: int) -> Gathered:
+        """The trajectories to train on this step, with what was generated and dropped."""
+
+    def publish(self, learn: dict[str, float]) -> SyncStats:
+        """After the update: advance the trainer's policy_version (or not) and get the
+        weights to the generators."""
+
+    def close(self) -> None:
+        """Before the trainer tears its actors down."""
+
+
+def make_phase(trainer: Trainer) -> RolloutPhase:
+    return AsyncPhase(trainer) if trainer.cfg.mode == "async" else SyncPhase(trainer)
+
+
+class SyncPhase:
+    """Roll out this step's tasks (more with dynamic sampling), train on exactly those, then
+    push the weights to every generator before the next rollout."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.t = trainer
+
+    def gather(self, step: int) -> Gathered:
+        outs = self._rollout(sample_tasks(self.t.cfg, step), step)
+        ids = all_ids(outs)
+        trajs, orphans = self.t.collect(ids)
+        g = Gathered(outs=outs, generated=ids, trajs=trajs, orphans=orphans,
+                     metrics={"sampling": {"rounds": 1.0, "groups_dropped": 0.0}})
+        if self.t.cfg.learner.dynamic_sampling:
+            self._fill_with_signal(g, step)
+        return g
+
+    def _rollout(self, tasks: list[Task], step: int) -> list[RolloutReport]:
+        """Each generator rolls out its share; a generator that dies is restarted and its
+        share re-run under new trajectory ids (what it had sent is discarded by id)."""
+        import ray
+
+        t = self.t
+        shares = split_evenly(tasks, len(t.generators))
+        group = t.cfg.generator.group_size
+        refs = [g.rollout.remote(s, step=step, group_size=group)
+                for g, s in zip(t.generators, shares)]
+        outs = []
+        for i, (ref, share) in enumerate(zip(refs, shares)):
+            try:
+                outs.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                t.replace_dead_generator(i, lost_episodes=len(share) * group, step=step,
+                                         when=f"in step {step} (its {len(share)} tasks "
+                                         "are re-run)")
+                outs.append(ray.get(t.generators[i].rollout.remote(
+                    share, step=step, group_size=group)))
+        return outs
+
+    def _fill_with_signal(self, g: Gathered, step: int) -> None:
+        """Dynamic sampling (DAPO): roll out fresh tasks until tasks_per_step groups have
+        reward variance or max_sampling_rounds is reached; keep the first tasks_per_step such
+        groups, the rest is dropped as not_selected. Updates `g` in place."""
+        cfg = self.t.cfg
+        want = cfg.generator.tasks_per_step
+        rounds = 1
+        while (len(groups_with_signal(g.trajs)) < want
+               and rounds < cfg.learner.max_sampling_rounds):
+            more = self._rollout(sample_tasks(cfg, step, rounds), step)
+            ids = all_ids(more)
+            got, orphans = self.t.collect(ids)
+            g.outs += more
+            g.generated += ids
+            g.orphans += orphans
+            g.trajs = g.trajs + got
+            rounds += 1
+        keep = set(groups_with_signal(g.trajs)[:want])
+        groups = len({t.group_id for t in g.trajs})
+        g.dropped["not_selected"] = [t.trajectory_id for t in g.trajs if t.group_id not in keep]
+        g.trajs = [t for t in g.trajs if t.group_id in keep]
+        g.metrics["sampling"] = {"rounds": float(rounds), "groups_with_signal": float(len(keep)),
+                                 "groups_dropped": float(groups - len(keep))}
+
+    def publish(self, learn: dict[str, float]) -> SyncStats:
+        """Every iteration is a version (generators reload in lock-step). A generator that died
+        before or during the push is restarted (and re-synced on its own), and the push is
+        repeated over the new list; a broadcast group re-forms for it."""
+        import ray
+
+        t = self.t
+        t.policy_version += 1
+        try:
+            return t.weights.push(t.policy_version)
+        except (ray.exceptions.RayError, TimeoutError):
+            # Live generators may still be inside the failed collective until its timeout.
+            dead = dead_actors(t.generators, t.cfg.learner.weight_sync_timeout_s + 30)
+            if not dead:
+                raise
+        for i in dead:  # its rollout had ended: no episodes lost
+            t.replace_dead_generator(i, lost_episodes=0, step=t.step_count,
+                                     when="during the weight push")
+        return t.weights.push(t.policy_version)
+
+    def close(self) -> None:
+        pass  # nothing in flight between steps
+
+
+def split_stale(trajs: list[Trajectory], version: int,
+                max_staleness: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(fresh, stale): stale ones are more than `max_staleness` versions behind `version`."""
+    fresh = [t for t in trajs if version - t.policy_version <= max_staleness]
+    stale = [t for t in trajs if version - t.policy_version > max_staleness]
+    return fresh, stale
+
+
+class AsyncPhase:
+    """One rollout always in flight per generator; the learner trains on the oldest whole
+    groups of a buffer; weights are handed off as each generator starts its next rollout."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.t = trainer
+        self.inflight: dict[int, Any] = {}  # generator index -> ObjectRef of its rollout
+        self.gen_versions = [trainer.policy_version] * len(trainer.generators)
+        self.buffer: list[Trajectory] = []
+        self.rollouts = 0  # rollout calls issued: seeds the task draw of each
+        self._reload_seconds: list[Any] = []  # ObjectRefs of hand-offs not yet reported
+
+    def _submit(self, i: int) -> None:
+        """Give generator i the newest weights (if it lags) and its next rollout."""
+        t = self.t
+        if self.gen_versions[i] < t.policy_version:
+            self._reload_seconds.append(t.weights.hand_off(i, t.policy_version))
+            self.gen_versions[i] = t.policy_version
+        tasks = sample_tasks(t.cfg, self.rollouts)
+        self.inflight[i] = t.generators[i].rollout.remote(
+            tasks, step=self.rollouts, group_size=t.cfg.generator.group_size)
+        self.rollouts += 1
+
+    def gather(self, step: int) -> Gathered:
+        """Wait until the buffer holds `tasks_per_step` whole groups; take the oldest."""
+        t = self.t
+        for i in range(len(t.generators)):
+            if i not in self.inflight:
+                self._submit(i)
+        outs: list[RolloutReport] = []
+        orphans: list[str] = []
+        want = t.cfg.generator.tasks_per_step
+        while len({tr.group_id for tr in self.buffer}) < want:
+            out = self._next_report()
+            if out is None:
+                continue
+            got, lost = t.collect(list(out.trajectory_ids))
+            self.buffer += got
+            outs.append(out)
+            orphans += lost
+        keep = set(list(dict.fromkeys(tr.group_id for tr in self.buffer))[:want])
+        taken = [tr for tr in self.buffer if tr.group_id in keep]
+        self.buffer = [tr for tr in self.buffer if tr.group_id not in keep]
+        fresh, stale = split_stale(taken, t.policy_version, t.cfg.max_staleness)
+        lag = [t.policy_version - tr.policy_version for tr in taken]
+        extra = {"async": {"dropped_stale": float(len(stale)),
+                           "buffered": float(len(self.buffer)),
+                           "lag_mean": sum(lag) / max(len(lag), 1)}}
+        return Gathered(outs=outs, generated=all_ids(outs), trajs=fresh, orphans=orphans,
+                        dropped={"stale": [tr.trajectory_id for tr in stale]}, metrics=extra)
+
+    def _next_report(self) -> RolloutReport | None:
+        """The report of the next rollout to finish (its generator gets the next one at once);
+        None when that generator had died (it is restarted and resubmitted)."""
+        import ray
+
+        t = self.t
+        by_ref = {ref: i for i, ref in self.inflight.items()}
+        limit = t.cfg.learner.ingest.collect_timeout_s
+        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=limit)
+        if not ready:
+            raise RuntimeError(f"no generator finished a rollout within {limit}s")
+        i = by_ref[ready[0]]
+        del self.inflight[i]
+        try:
+            out = ray.get(ready[0])
+        except ray.exceptions.RayActorError:
+            g = t.cfg.generator  # a rollout is one step's worth of tasks
+            t.replace_dead_generator(i, lost_episodes=g.tasks_per_step * g.group_size,
+                                     step=t.step_count, when="mid-rollout")
+            self.gen_versions[i] = t.policy_version
+            out = None
+        self._submit(i)
+        return out
+
+    def publish(self, learn: dict[str, float]) -> SyncStats:
+        """Nothing to wait for: each generator picks the new weights up when its rollout ends.
+        Reports the reloads that finished since the last step."""
+        import ray
+
+        # An update that trained nothing leaves the weights as they were: a new version would
+        # only make the data in flight look staler than it is.
+        if learn.get("skipped_update", 0.0) == 0.0:
+            self.t.policy_version += 1
+        done, self._reload_seconds = ray.wait(self._reload_seconds,
+                                              num_returns=len(self._reload_seconds), timeout=0)
+        secs = ray.get(done)
+        return SyncStats(seconds=0.0, reload_seconds=max(secs) if secs else 0.0)
+
+    def close(self) -> None:
+        import ray
+
+        for ref in self.inflight.values():  # let in-flight rollouts end before the teardown
+            try:
+                ray.get(ref, timeout=60)
+            except Exception:  # a rollout failing now loses nothing that was trained on
+                pass
+        # Buffered trajectories were generated (and counted) but never trained on. Rollouts
+        # still in flight were never collected, so they never entered the ledger.
+        self.t.ledger.add_dropped([tr.trajectory_id for tr in self.buffer], "in_flight",
+                                  self.t.step_count)
