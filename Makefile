@@ -13,7 +13,7 @@ endif
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 
-.PHONY: install install-dev train test test-all test-chaos test-fuzz protos lint clean \
+.PHONY: install install-dev train test test-all test-chaos test-fuzz test-multinode protos lint clean \
 	check-gpu-deps
 
 install: $(VENV)/.installed
@@ -62,6 +62,10 @@ test-slow: install
 # Faults injected into the real stack, each ending with a reconciled trajectory ledger.
 test-chaos: install
 	$(PY) -m pytest -q -m chaos tests
+
+# A two-node Ray cluster in network namespaces on this machine (needs root); in the slow set.
+test-multinode: install
+	$(PY) -m pytest -q -m multinode tests
 
 # Generated inputs against the env server, the gRPC ingest, the config loader.
 test-fuzz: install

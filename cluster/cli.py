@@ -259,12 +259,13 @@ def main(argv: list[str] | None = None) -> int:
             return dry_run(cfg, gpu_gib=args.gpu_memory_gib,
                            resources=_resources(args.resources) if args.resources else None)
         from horizonrl.cluster.driver import LearnerLost
+        from horizonrl.cluster.multinode import NotMultiNodeReady
         from horizonrl.cluster.plan import DoesNotFit
         from horizonrl.cluster.run import train
 
         try:
             train(cfg, resume=args.resume)
-        except (FileNotFoundError, ConfigError, DoesNotFit) as exc:
+        except (FileNotFoundError, ConfigError, DoesNotFit, NotMultiNodeReady) as exc:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 2
         except LearnerLost as exc:

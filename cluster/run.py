@@ -12,6 +12,7 @@ from horizonrl.cluster.driver import Trainer
 from horizonrl.cluster.iteration import make_run_dir
 from horizonrl.cluster.metrics import ProgressReporter
 from horizonrl.cluster.models import check_context, ensure_model
+from horizonrl.cluster.multinode import check_multinode
 from horizonrl.cluster.plan import wait_until_fits
 
 
@@ -25,6 +26,7 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     t0 = time.perf_counter()
     with ray_session(cfg.ray):
         wait_until_fits(cfg)  # before a run dir exists: a run that cannot start leaves none
+        check_multinode(cfg, model_dir=base)  # several nodes: reachable ingest, shared paths
         run_dir, state = _open_run(cfg, resume)
         if state is None and cfg.init.sft_epochs > 0:
             from horizonrl.cluster.warm_start import run_warm_start

@@ -1,0 +1,77 @@
+"""What a run needs from a cluster of several nodes, checked before any actor starts.
+
+On one machine every default works: the ingest on 127.0.0.1, the run dir and the built model
+under the checkout. On several nodes neither does: generators on other nodes cannot dial a
+loopback ingest, and a learner rank on another node would write its checkpoint shards (and a
+generator would look for the model) in a directory that exists only on the driver's node. Both
+failures would show up late and far from their cause (a push timing out, a half-written
+checkpoint), so a run on a multi-node cluster checks them at start and stops with what to set.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from horizonrl.cluster.config import RunConfig
+from horizonrl.learner.ingest_guard import is_loopback
+
+
+class NotMultiNodeReady(RuntimeError):
+    """The config assumes one machine but the cluster has several nodes."""
+
+
+def alive_nodes() -> list[dict]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def check_multinode(cfg: RunConfig, model_dir: Path, *, timeout_s: float = 60.0) -> None:
+    """On a cluster of more than one node: the ingest must bind an address other nodes reach,
+    and the run root and the model must be paths every node sees (a shared volume). Raises
+    NotMultiNodeReady naming the field to set; does nothing on one node."""
+    nodes = alive_nodes()
+    if len(nodes) < 2:
+        return
+    host = cfg.learner.ingest.host
+    if is_loopback(host):
+        raise NotMultiNodeReady(
+            f"learner.ingest.host={host} binds the trajectory ingest to loopback, which the "
+            f"generators on this cluster's other {len(nodes) - 1} node(s) cannot reach: set "
+            "learner.ingest.host=0.0.0.0 (the driver then advertises its node's IP) and a "
+            f"token in ${cfg.learner.ingest.auth_token_env}")
+    for field, path in (("run_root", Path(cfg.run_root)),
+                        ("the model folder (model.path, or model.cache_dir where it is built)",
+                         model_dir)):
+        missing = nodes_missing(path.resolve(), nodes, timeout_s=timeout_s)
+        if missing:
+            raise NotMultiNodeReady(
+                f"{field} {path.resolve()} is not visible on node(s) {', '.join(missing)} of "
+                f"this {len(nodes)}-node cluster: learner ranks and generators there would "
+                "write checkpoints to (or load the model from) a directory that only exists "
+                "on the driver's node. Point it at a location every node mounts (NFS, a "
+                "Kubernetes PVC), e.g. run_root=/shared/runs and model.cache_dir=/shared/models")
+
+
+def nodes_missing(directory: Path, nodes: list[dict], *, timeout_s: float) -> list[str]:
+    """The IPs of the nodes that do not see a marker file written into `directory` here."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / f".horizonrl-shared-{uuid.uuid4().hex}"
+    marker.write_text("written by the driver; other nodes look for it\n")
+    try:
+        probe = ray.remote(num_cpus=0)(_exists)
+        refs = {n["NodeManagerAddress"]: probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            str(marker)) for n in nodes}
+        seen = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout_s)))
+    finally:
+        marker.unlink(missing_ok=True)
+    return sorted(ip for ip, ok in seen.items() if not ok)
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
