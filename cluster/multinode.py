@@ -21,17 +21,24 @@ class NotMultiNodeReady(RuntimeError):
     """The config assumes one machine but the cluster has several nodes."""
 
 
-def alive_nodes() -> list[dict]:
-    import ray
+def actor_nodes(nodes: list[dict] | None = None) -> list[dict]:
+    """The alive nodes that can host a generator, an env actor or a learner rank (they all ask
+    for CPUs or GPUs). A head started with no CPUs, as in deploy/kuberay, hosts none of them, so
+    a head plus one worker is one machine as far as the run is concerned."""
+    if nodes is None:
+        import ray
 
-    return [n for n in ray.nodes() if n.get("Alive")]
+        nodes = ray.nodes()
+    return [n for n in nodes if n.get("Alive") and (n.get("Resources", {}).get("CPU", 0) > 0
+                                                     or n.get("Resources", {}).get("GPU", 0) > 0)]
 
 
 def check_multinode(cfg: RunConfig, model_dir: Path, *, timeout_s: float = 60.0) -> None:
-    """On a cluster of more than one node: the ingest must bind an address other nodes reach,
-    and the run root and the model must be paths every node sees (a shared volume). Raises
-    NotMultiNodeReady naming the field to set; does nothing on one node."""
-    nodes = alive_nodes()
+    """On a cluster with more than one node that hosts actors: the ingest must bind an
+    address the other nodes reach, and the run root and the model must be paths every such
+    node sees (a shared volume). Raises NotMultiNodeReady naming the field to set; does
+    nothing on one node."""
+    nodes = actor_nodes()
     if len(nodes) < 2:
         return
     host = cfg.learner.ingest.host

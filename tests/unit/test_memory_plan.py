@@ -81,3 +81,14 @@ def test_gpu_recipes_fit_the_node_they_describe(path):
 
     assert main(["train", "--config", str(path), "--dry-run", "--resources", "CPU=96,GPU=8",
                  "--gpu-memory-gib", "80"]) == 0
+
+
+def test_only_nodes_that_can_host_actors_make_a_run_multi_node() -> None:
+    from horizonrl.cluster.multinode import actor_nodes
+
+    head = {"Alive": True, "NodeID": "h", "Resources": {"memory": 1e9}}  # KubeRay: num-cpus 0
+    worker = {"Alive": True, "NodeID": "w", "Resources": {"CPU": 4.0}}
+    gpu = {"Alive": True, "NodeID": "g", "Resources": {"GPU": 1.0}}
+    dead = {"Alive": False, "NodeID": "d", "Resources": {"CPU": 8.0}}
+    assert [n["NodeID"] for n in actor_nodes([head, worker, dead])] == ["w"]
+    assert [n["NodeID"] for n in actor_nodes([head, worker, gpu])] == ["w", "g"]
