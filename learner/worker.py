@@ -165,7 +165,10 @@ class LearnerWorker:
         return logits if self.temperature == 1.0 else logits / self.temperature
 
     def _tensors(self, mb: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(v).to(self.engine.device) for k, v in mb.items()}
+        # Arrays from Ray's object store are read-only; torch warns on every such view, and a
+        # write through one would fault. np.require copies only those.
+        return {k: torch.from_numpy(np.require(v, requirements="W")).to(self.engine.device)
+                for k, v in mb.items()}
 
     def _micro_count(self, mb: dict[str, np.ndarray]) -> int:
         """Micro-batches for this minibatch, the same on every rank (ZeRO-3 gathers and the
