@@ -133,6 +133,10 @@ def main() -> None:
     p.add_argument("--runs", default="runs/long-horizon", help="run directories and logs")
     p.add_argument("--reuse-warm-start", metavar="RUNS", help="take each seed's demos and "
                    "clone from an earlier invocation's --runs folder; only RL runs here")
+    p.add_argument("--eval-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="dotted overrides for the evaluations only (after the shared ones), "
+                   "e.g. generator.temperature=0.5 to train at one temperature and score at "
+                   "another")
     p.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = p.parse_args()
     out = Path(args.out)
@@ -153,7 +157,7 @@ def main() -> None:
             "train_success": [round(m["success_rate"], 4) for m in metrics],
             "eval": evaluate_run(args.config, seed, run_dir, tasks=args.tasks,
                                  max_turns=args.max_turns, splits=args.splits,
-                                 overrides=args.overrides, out=out)}
+                                 overrides=[*args.overrides, *args.eval_overrides], out=out)}
         print(f"[long-horizon] seed {seed}: {per_seed[seed]['eval']} ({wall:.0f}s)", flush=True)
         (out / "results.json").write_text(json.dumps(
             {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
