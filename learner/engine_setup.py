@@ -1,9 +1,11 @@
-"""What a learner rank's DeepSpeed engine is built from: its config, the learning-rate
-schedule, the compute dtype and the CUDA ordinal Ray's GPU assignment gives the rank."""
+"""What a learner rank's DeepSpeed engine is built from (its config, the learning-rate
+schedule, the compute dtype and the CUDA ordinal Ray's GPU assignment gives the rank), and how
+a rank's engines and RNG states are saved and restored."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,3 +61,37 @@ def local_gpu_ordinal(assigned: Sequence[str | int], visible: str | None) -> int
 
 def compute_dtype(cfg: LearnerConfig) -> torch.dtype:
     return torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+
+
+def save_engines(path: str, engines: dict[str, Any], *, rank: int, updates: int) -> None:
+    """Each DeepSpeed engine under `path/<name>` (None entries skipped; every rank writes its
+    ZeRO partition) and this rank's RNG states and update count; every rank must call."""
+    import random
+
+    import numpy as np
+
+    for name, engine in engines.items():
+        if engine is not None:
+            engine.save_checkpoint(os.path.join(path, name), tag="state")
+    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                "python": random.getstate(), "updates": updates},
+               os.path.join(path, f"rank{rank}_state.pt"))
+
+
+def load_engines(path: str, engines: dict[str, Any], *, rank: int) -> int:
+    """Restore what `save_engines` wrote (same world size and ZeRO stage), RNG states
+    included; returns the update count."""
+    import random
+
+    import numpy as np
+
+    for name, engine in engines.items():
+        if engine is not None:
+            loaded, _ = engine.load_checkpoint(os.path.join(path, name), tag="state")
+            if loaded is None:
+                raise FileNotFoundError(f"no {name} checkpoint under {path}")
+    st = torch.load(os.path.join(path, f"rank{rank}_state.pt"), weights_only=False)
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    return int(st["updates"])

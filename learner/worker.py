@@ -24,8 +24,10 @@ from horizonrl.learner.config import LearnerConfig
 from horizonrl.learner.engine_setup import (
     compute_dtype,
     deepspeed_config,
+    load_engines,
     local_gpu_ordinal,
     lr_factor,
+    save_engines,
 )
 from horizonrl.learner.objectives import (
     importance_weights,
@@ -337,29 +339,13 @@ class LearnerWorker:
     def save_checkpoint(self, path: str) -> None:
         """Model, optimizer and scheduler (ZeRO-partitioned, every rank writes its part) and this
         rank's RNG states under `path`; every rank must call."""
-        import random
-
-        self.engine.save_checkpoint(os.path.join(path, "policy"), tag="state")
-        if self.critic is not None:
-            self.critic.save_checkpoint(os.path.join(path, "critic"), tag="state")
-        torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                    "python": random.getstate(), "updates": self.updates},
-                   os.path.join(path, f"rank{self.rank}_state.pt"))
+        save_engines(path, {"policy": self.engine, "critic": self.critic}, rank=self.rank,
+                     updates=self.updates)
 
     def load_checkpoint(self, path: str) -> None:
         """Restore what `save_checkpoint` wrote (same world size and ZeRO stage)."""
-        import random
-
-        for engine, sub in ((self.engine, "policy"), (self.critic, "critic")):
-            if engine is not None:
-                loaded, _ = engine.load_checkpoint(os.path.join(path, sub), tag="state")
-                if loaded is None:
-                    raise FileNotFoundError(f"no {sub} checkpoint under {path}")
-        st = torch.load(os.path.join(path, f"rank{self.rank}_state.pt"), weights_only=False)
-        torch.set_rng_state(st["torch"])
-        np.random.set_state(st["numpy"])
-        random.setstate(st["python"])
-        self.updates = int(st["updates"])
+        self.updates = load_engines(path, {"policy": self.engine, "critic": self.critic},
+                                    rank=self.rank)
 
     def save_hf(self, path: str) -> None:
         """Write a `save_pretrained` folder (rank 0; every rank must call, as above)."""
