@@ -166,12 +166,18 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(
         {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
          "summary": summary, "per_seed": per_seed}, indent=1))
-    walls = [r["wall_seconds"] for r in per_seed.values() if not r["resumed"]] or [float("nan")]
+    if args.reuse_warm_start:  # every seed resumed into RL: its wall time is RL alone
+        walls, what = [r["wall_seconds"] for r in per_seed.values()], "RL-only wall time"
+    else:
+        walls, what = [r["wall_seconds"] for r in per_seed.values() if not r["resumed"]], \
+            "recipe wall time"
+    took = (f"{what} per seed {statistics.fmean(walls):.0f} s (2 cores"
+            + ("" if args.reuse_warm_start else "; resumed seeds left out") + ")"
+            if walls else "every seed resumed: no wall time")
     (out / "results.md").write_text(
         f"# {args.config}: base vs BC vs BC+RL\n\n`{command}`\n\nAccuracy at {args.max_turns} "
-        f"turns on {args.tasks} tasks per split, mean ± std over seeds {args.seeds}; recipe "
-        f"wall time per seed {statistics.fmean(walls):.0f} s (2 cores; resumed seeds left "
-        f"out).\n\n{text}\n")
+        f"turns on {args.tasks} tasks per split, mean ± std over seeds {args.seeds}; "
+        f"{took}.\n\n{text}\n")
     print(text)
 
 
