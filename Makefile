@@ -19,12 +19,15 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 install: $(VENV)/.installed
 
 # System tools (root on CI and dev machines): Prometheus for the dashboard test, a Java 17
-# runtime for SciWorld (scienceworld runs its game in a JVM).
+# runtime for SciWorld (scienceworld runs its game in a JVM), iproute2 for the two-host
+# network-namespace cluster of tests/multinode.
 install-dev: install
 	command -v prometheus >/dev/null || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 	command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless)
+	command -v ip >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends iproute2)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
