@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +168,7 @@ class Trainer:
         roll = rollout_metrics(trajs)
         new_horizon, _ = ray.get(self.curriculum.tick.remote(self.step_count, roll))
         decision = ray.get(self.curriculum.last_decision.remote())
-        spent = sum((o.seconds for o in outs), RolloutSeconds())
-        secs = {"generate": spent.generate, "env": spent.env, "transport": spent.transport}
+        secs = asdict(sum((o.seconds for o in outs), RolloutSeconds()))
         secs.update(rollout=t_rollout, learn=t_learn, weight_sync=sync.seconds,
                     iteration=time.perf_counter() - t_start)
         tokens = sum(o.generated_tokens for o in outs)

@@ -21,7 +21,7 @@ from horizonrl.cluster.prometheus import repeated_action_rate
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.learner.config import IngestConfig, LearnerConfig
 from horizonrl.learner.ingest import TrajectoryIngest, is_wildcard
-from horizonrl.protos.reports import RolloutReport
+from horizonrl.protos.reports import RolloutReport, all_ids
 from horizonrl.protos.trajectory import Failure, Trajectory
 
 
@@ -30,11 +30,15 @@ class Gathered:
     """What one iteration's data phase produced, for training, metrics and the ledger."""
 
     outs: list[RolloutReport]  # the generators' rollout reports
-    generated: list[str]  # ids the generators reported for this phase
     trajs: list[Trajectory]  # to train on
     orphans: list[str] = field(default_factory=list)  # delivered by generators that died
     dropped: dict[str, list[str]] = field(default_factory=dict)  # reason -> ids not trained
     metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated(self) -> list[str]:
+        """The ids the generators reported for this phase."""
+        return all_ids(self.outs)
 
 
 def make_run_dir(cfg: RunConfig) -> Path:

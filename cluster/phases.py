@@ -67,9 +67,8 @@ class SyncPhase:
 
     def gather(self, step: int) -> Gathered:
         outs = self._rollout(sample_tasks(self.t.cfg, step), step)
-        ids = all_ids(outs)
-        trajs, orphans = self.t.collect(ids)
-        g = Gathered(outs=outs, generated=ids, trajs=trajs, orphans=orphans,
+        trajs, orphans = self.t.collect(all_ids(outs))
+        g = Gathered(outs=outs, trajs=trajs, orphans=orphans,
                      metrics={"sampling": {"rounds": 1.0, "groups_dropped": 0.0}})
         if self.t.cfg.learner.dynamic_sampling:
             self._fill_with_signal(g, step)
@@ -107,10 +106,8 @@ class SyncPhase:
         while (len(groups_with_signal(g.trajs)) < want
                and rounds < cfg.learner.max_sampling_rounds):
             more = self._rollout(sample_tasks(cfg, step, rounds), step)
-            ids = all_ids(more)
-            got, orphans = self.t.collect(ids)
+            got, orphans = self.t.collect(all_ids(more))
             g.outs += more
-            g.generated += ids
             g.orphans += orphans
             g.trajs = g.trajs + got
             rounds += 1
@@ -201,7 +198,7 @@ class AsyncPhase:
         extra = {"async": {"dropped_stale": float(len(stale)),
                            "buffered": float(len(self.buffer)),
                            "lag_mean": sum(lag) / max(len(lag), 1)}}
-        return Gathered(outs=outs, generated=all_ids(outs), trajs=fresh, orphans=orphans,
+        return Gathered(outs=outs, trajs=fresh, orphans=orphans,
                         dropped={"stale": [tr.trajectory_id for tr in stale]}, metrics=extra)
 
     def _next_report(self) -> RolloutReport | None:

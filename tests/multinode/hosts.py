@@ -9,6 +9,7 @@ the namespaces and the veth pair are removed on exit, also on failure. Needs roo
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -86,7 +87,7 @@ class TwoHosts:
                   f"--temp-dir={self.workdir / 'ray-b'}", *common]
         # Host B's own view of `b_private`: an empty tmpfs in a private mount namespace.
         mounts = "".join(f"mount -t tmpfs tmpfs {d} && " for d in self.b_private)
-        script = f"{mounts}exec {' '.join(_quote(a) for a in worker)}"
+        script = f"{mounts}exec {shlex.join(worker)}"
         self.procs.append(subprocess.Popen(
             ["ip", "netns", "exec", self.ns[1], "unshare", "--mount", "--propagation",
              "private", "sh", "-c", script], env=env, start_new_session=True,
@@ -144,9 +145,3 @@ class TwoHosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         # The veth pair goes with its namespaces; this is for a setup that failed half-way.
         subprocess.run(["ip", "link", "del", f"hv{self.k}a"], capture_output=True)
-
-
-def _quote(a: str) -> str:
-    import shlex
-
-    return shlex.quote(a)
