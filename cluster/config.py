@@ -53,6 +53,19 @@ class TinyModelConfig(BaseModel):
         " find the line that mentions a word and copy it, count lines, track an inventory; names "
         "partly made up), so the model copies from its context before it sees a demonstration. "
         "0: none. Raise pretrain_steps with it: the steps are shared.")
+    names: bool = Field(
+        False, description="Add the env's own names (its `vocabulary`: Deep Search's made-up "
+        "entity words) to the tokenizer's corpus, so that every name word is one token and "
+        "copying a name from a passage is copying one token. Needs tokenizer=word and a "
+        "vocab_size the names fit in (the build prints how many are whole; BPE stops adding "
+        "entries once every word is whole, so a generous vocab_size costs nothing).")
+
+    @model_validator(mode="after")
+    def _names_need_words(self) -> TinyModelConfig:
+        if self.names and self.tokenizer != "word":
+            raise ValueError("model.tiny.names=true needs model.tiny.tokenizer=word (phrase "
+                             "merges span words, so a name would not be a token of its own)")
+        return self
 
 
 class ModelConfig(BaseModel):

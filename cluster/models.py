@@ -12,8 +12,10 @@ from horizonrl.envpool.config import EnvConfig
 
 def tiny_model_dir(cfg: ModelConfig, env: EnvConfig) -> Path:
     """Cache folder keyed by everything that shapes the tiny model."""
-    key = json.dumps({"tiny": cfg.tiny.model_dump(), "env": env.name, "kwargs": env.kwargs},
-                     sort_keys=True)
+    tiny = cfg.tiny.model_dump()
+    if not tiny["names"]:  # a field added later counts only when set: older caches stay valid
+        del tiny["names"]
+    key = json.dumps({"tiny": tiny, "env": env.name, "kwargs": env.kwargs}, sort_keys=True)
     return Path(cfg.cache_dir) / f"tiny-{env.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 

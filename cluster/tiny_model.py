@@ -91,6 +91,15 @@ def train_tokenizer(texts: list[str], vocab_size: int, kind: str = "phrase"):
     return fast
 
 
+def name_words(env_name: str, env_kwargs: dict) -> list[str]:
+    """The words of the env's own names (`EnvSpec.vocabulary`); a clear error where it has none."""
+    spec = env_spec(env_name)
+    if spec.vocabulary is None:
+        raise ValueError(f"model.tiny.names=true, but env {env_name!r} lists no names (no "
+                         f"`vocabulary` in its module); set model.tiny.names=false")
+    return spec.vocabulary(**env_kwargs)
+
+
 def _render(messages: list[tuple[str, str]]) -> str:
     return "".join(f"{IM_START}{r}\n{t}{IM_END}\n" for r, t in messages)
 
@@ -184,10 +193,11 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
                      transcripts: int = 6000, max_turns: int = 6, pretrain_steps: int = 600,
                      batch_size: int = 32, lr: float = 2e-3, seed: int = 0,
                      preset: str | None = None, tokenizer: str = "phrase",
-                     thought: str = "none", reading: int = 0) -> Path:
+                     thought: str = "none", reading: int = 0, names: bool = False) -> Path:
     """Build tokenizer + Qwen2 model at `out` (a `save_pretrained` folder) and return the path.
     `preset` (see cluster.config.TINY_PRESETS) overrides hidden_size and num_layers; `reading`
-    synthetic reading tasks (cluster.reading) are mixed into the pre-training sequences."""
+    synthetic reading tasks (cluster.reading) are mixed into the pre-training sequences; `names`
+    adds the env's vocabulary to the tokenizer's corpus (see `name_words`)."""
     from transformers import Qwen2ForCausalLM
 
     from horizonrl.cluster.config import TINY_PRESETS
@@ -203,7 +213,17 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
                                   thought=thought)
     print(f"[make-tiny-model] {len(episodes)} random-policy transcripts "
           f"({time.time() - t0:.0f}s)", flush=True)
-    tokenizer = train_tokenizer([_render(m) for m in episodes], vocab_size, tokenizer)
+    words = name_words(env_name, env_kwargs) if names else []
+    # Each name after a space (" Kyn" in a passage) and after punctuation ("search[Kyn"), several
+    # times, so that when vocab_size is tight the names' merges win over rare words of the
+    # transcripts (BPE ranks merges by how often the pair occurs).
+    name_lines = [" " + " ".join(words), "\n".join(words)] * 8 if words else []
+    tokenizer = train_tokenizer([_render(m) for m in episodes] + name_lines, vocab_size, tokenizer)
+    whole = sum(len(tokenizer(" " + w)["input_ids"]) == len(tokenizer(w)["input_ids"]) == 1
+                for w in words)
+    if words:
+        print(f"[make-tiny-model] {whole}/{len(words)} name words are one token "
+              f"(vocab {len(tokenizer)})", flush=True)
     chat = ChatFormat(tokenizer)
     sequences = [transcript_ids(chat, m) for m in episodes]
     probe = []
@@ -233,6 +253,7 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
         "env_name": env_name, "env_kwargs": env_kwargs, "params": n_params,
         "pretrain_steps": pretrain_steps, "final_loss": losses[-1] if losses else None,
         "reading_tasks": reading, "reading_accuracy": accuracy,
+        "name_words": len(words), "name_words_whole": whole,
         "seconds": round(time.time() - t0, 1), "seed": seed,
     }, indent=2))
     print(f"[make-tiny-model] saved to {out} ({time.time() - t0:.0f}s)", flush=True)

@@ -25,19 +25,22 @@ class EnvSpec:
     parse_action: Callable[[str], str]
     format_action: Callable[[str], str]
     random_action: Callable[[dict[str, Any], random.Random], str]  # from info alone
+    vocabulary: Callable[..., list[str]] | None = None
+    """The words of the env's own names for the env's kwargs (Deep Search's made-up entities),
+    for a tokenizer that keeps them whole; None where the env has none to list."""
 
 
 def _from_module(name: str, module: str, factory: str) -> Callable[[], EnvSpec]:
     """A lazy spec: the env's module (and its heavy imports) load only when the env is used.
 
     Each env module defines `SYSTEM_PROMPT`, `parse_action`, `format_action`, `random_action`
-    and the factory.
+    and the factory, and may define `vocabulary`.
     """
 
     def load() -> EnvSpec:
         mod = importlib.import_module(module)
         return EnvSpec(name, getattr(mod, factory), mod.SYSTEM_PROMPT, mod.parse_action,
-                       mod.format_action, mod.random_action)
+                       mod.format_action, mod.random_action, getattr(mod, "vocabulary", None))
 
     return load
 

@@ -12,6 +12,7 @@ from horizonrl.envpool.deepsearch.env import (
     format_action,
     parse_action,
     random_action,
+    vocabulary,
 )
 from horizonrl.envpool.deepsearch.retriever import (
     BM25Retriever,
@@ -36,4 +37,5 @@ __all__ = [
     "format_action",
     "parse_action",
     "random_action",
+    "vocabulary",
 ]

@@ -285,6 +285,12 @@ class DeepSearchEnv:
         }
 
 
+def vocabulary(world_seed: int = 0, **_: Any) -> list[str]:
+    """Every word of the world's entity names (~1.1k for the default world), for a tokenizer
+    that keeps them whole: each answer and most query words are copied from a passage."""
+    return sorted({word for name in build_world(world_seed).entities for word in name.split()})
+
+
 def random_action(info: dict[str, Any], rng: random.Random) -> str:
     """A random agent: searches a few words of the question, sometimes answers a random entity
     (a title from its last search or a name in the question)."""
