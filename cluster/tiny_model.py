@@ -57,8 +57,22 @@ def random_transcripts(
     return out
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, kind: str = "phrase"):
-    """Byte-level BPE trained on `texts`, wrapped as a transformers fast tokenizer with ChatML."""
+def whole_words(tokenizer, words: list[str]) -> int:
+    """How many of `words` are one token both after a space and after punctuation."""
+    return sum(len(tokenizer(" " + w)["input_ids"]) == len(tokenizer(w)["input_ids"]) == 1
+               for w in words)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, kind: str = "phrase",
+                    names: list[str] | tuple[str, ...] = ()):
+    """Byte-level BPE trained on `texts`, wrapped as a transformers fast tokenizer with ChatML.
+
+    `names` join the corpus after a space (" Kyn" in a passage) and after a newline
+    ("search[Kyn"), eight times, so that when vocab_size is tight their merges win over the
+    texts' rare words (BPE ranks merges by how often a pair occurs).
+    """
+    if names:
+        texts = [*texts, *[" " + " ".join(names), "\n".join(names)] * 8]
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -214,13 +228,8 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
     print(f"[make-tiny-model] {len(episodes)} random-policy transcripts "
           f"({time.time() - t0:.0f}s)", flush=True)
     words = name_words(env_name, env_kwargs) if names else []
-    # Each name after a space (" Kyn" in a passage) and after punctuation ("search[Kyn"), several
-    # times, so that when vocab_size is tight the names' merges win over rare words of the
-    # transcripts (BPE ranks merges by how often the pair occurs).
-    name_lines = [" " + " ".join(words), "\n".join(words)] * 8 if words else []
-    tokenizer = train_tokenizer([_render(m) for m in episodes] + name_lines, vocab_size, tokenizer)
-    whole = sum(len(tokenizer(" " + w)["input_ids"]) == len(tokenizer(w)["input_ids"]) == 1
-                for w in words)
+    tokenizer = train_tokenizer([_render(m) for m in episodes], vocab_size, tokenizer, words)
+    whole = whole_words(tokenizer, words)
     if words:
         print(f"[make-tiny-model] {whole}/{len(words)} name words are one token "
               f"(vocab {len(tokenizer)})", flush=True)
