@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from horizonrl.protos.placement import CustomResources
+
 
 class ContextConfig(BaseModel):
     """What the model sees each turn: the whole episode, or a window of the latest turns."""
@@ -33,6 +35,9 @@ class GeneratorConfig(BaseModel):
     num_generators: int = Field(1, ge=1, description="GeneratorActor replicas (one vLLM each).")
     num_cpus: float = Field(1.0, gt=0, description="Logical CPUs Ray reserves per generator.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per generator (0 on CPU machines).")
+    resources: CustomResources = Field(
+        default_factory=dict, description="Custom Ray resources per generator, e.g. "
+        "{\"gpu_node\": 0.1}: generators run only on nodes that offer them (placement by role).")
     tasks_per_step: int = Field(8, ge=1, description="Distinct tasks (env seeds) per iteration.")
     group_size: int = Field(
         8, ge=1, description="Episodes per task: a GRPO group shares one task and one seed."

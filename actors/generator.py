@@ -24,6 +24,7 @@ from horizonrl.actors.rollout import AgentLoop, Engine
 from horizonrl.envpool.pool import EnvError, EnvPool
 from horizonrl.envpool.registry import env_spec
 from horizonrl.protos.chat import ChatFormat, load_tokenizer
+from horizonrl.protos.placement import node_ip
 from horizonrl.protos.precision import bf16_native, engine_dtype
 from horizonrl.protos.reports import RolloutReport, RolloutSeconds
 from horizonrl.protos.trajectory import Failure
@@ -84,6 +85,13 @@ class GeneratorActor:
     # -- control -----------------------------------------------------------------------------
     def ready(self) -> bool:
         return True
+
+    def placement(self) -> dict[str, Any]:
+        """Where this generator and its env actors run (node IPs), for the run's placement.json."""
+        import ray
+
+        return {"generator": node_ip(), "env_actors": ray.get(
+            [a.node_ip.remote() for p in self.pools.values() for a in p.actors])}
 
     def health(self) -> dict[str, Any]:
         return {"name": self.name, "pid": os.getpid(), "policy_version": self.policy_version,

@@ -38,6 +38,7 @@ from horizonrl.cluster.iteration import (
 from horizonrl.cluster.ledger import Ledger
 from horizonrl.cluster.metrics import MetricsLogger
 from horizonrl.cluster.models import ensure_model
+from horizonrl.cluster.multinode import record_placement
 from horizonrl.cluster.phases import make_phase
 from horizonrl.cluster.prometheus import PrometheusExporter
 from horizonrl.envpool.pool import EnvPool
@@ -85,6 +86,7 @@ class Trainer:
         self.precision = {"learner": self.learner.dtype, "generator": "+".join(sorted(set(
             ray.get([g.precision.remote() for g in self.generators]))))}
         (run_dir / "precision.json").write_text(json.dumps(self.precision))
+        record_placement(run_dir, self.generators, self.learner.workers)
         if resume:
             self._restore_learner(resume)
         self.weights = make_weight_sync(cfg.learner, self.learner, self.generators)
@@ -112,7 +114,8 @@ class Trainer:
         import ray
 
         g = self.cfg.generator
-        remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
+        remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus,
+                            resources=g.resources or None)(GeneratorActor)
         return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
                              env_pools=[EnvPool(e, name=f"gen{i}-{e.key}")
                                         for e in self.cfg.envs],

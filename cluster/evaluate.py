@@ -120,7 +120,8 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
     try:
         for label, path in models.items():
             t0 = time.perf_counter()
-            remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus)(GeneratorActor)
+            remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus,
+                                resources=g.resources or None)(GeneratorActor)
             gen = remote.remote(name=f"eval-{label}", cfg=g, model_path=path,
                                 env_pools=[EnvPool(e, name=f"eval-{label}-{e.key}")
                                            for e in envs],

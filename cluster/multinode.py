@@ -82,3 +82,23 @@ def nodes_missing(directory: Path, nodes: list[dict], *, timeout_s: float) -> li
 
 def _exists(path: str) -> bool:
     return Path(path).exists()
+
+
+def record_placement(run_dir: Path, generators: list, learner_workers: list) -> dict:
+    """Where each role runs (node IPs): written to `<run>/placement.json` and printed, so a
+    run on several nodes shows that its roles landed where the config's resources asked."""
+    import json
+
+    import ray
+
+    from horizonrl.protos.placement import node_ip
+
+    gens = ray.get([g.placement.remote() for g in generators])
+    placement = {"driver": node_ip(), "generators": [g["generator"] for g in gens],
+                 "env_actors": [ip for g in gens for ip in g["env_actors"]],
+                 "learner_ranks": ray.get([w.node_ip.remote() for w in learner_workers])}
+    (run_dir / "placement.json").write_text(json.dumps(placement, indent=2))
+    where = "; ".join(f"{role} on {', '.join(sorted(set(ips)))}" for role, ips in
+                      placement.items() if role != "driver")
+    print(f"[horizonrl] placement: driver on {placement['driver']}; {where}", flush=True)
+    return placement

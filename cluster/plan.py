@@ -6,21 +6,22 @@ import time
 from collections import Counter
 
 from horizonrl.cluster.config import RunConfig
+from horizonrl.learner.config import rank_bundle
 from horizonrl.protos.precision import engine_dtype, learner_dtype
 
 
 def placement_plan(cfg: RunConfig) -> list[tuple[str, int, dict[str, float]]]:
     """(role, count, resources per actor) for every actor the run starts."""
     g, learner = cfg.generator, cfg.learner
-    gen = {"CPU": g.num_cpus, **({"GPU": g.num_gpus} if g.num_gpus else {})}
-    ranks = {"CPU": learner.num_cpus_per_worker,
-             **({"GPU": learner.num_gpus_per_worker} if learner.num_gpus_per_worker else {})}
+    gen = {"CPU": g.num_cpus, **({"GPU": g.num_gpus} if g.num_gpus else {}), **g.resources}
     envs = [(f"env actor ({e.key}, {e.replicas_per_actor} replicas)",
-             g.num_generators * e.num_actors, {"CPU": e.num_cpus_per_actor}) for e in cfg.envs]
+             g.num_generators * e.num_actors, {"CPU": e.num_cpus_per_actor, **e.resources})
+            for e in cfg.envs]
     return [
         ("generator (vLLM + agent loops)", g.num_generators, gen),
         *envs,
-        (f"learner rank (DeepSpeed ZeRO-{learner.zero_stage})", learner.world_size, ranks),
+        (f"learner rank (DeepSpeed ZeRO-{learner.zero_stage})", learner.world_size,
+         rank_bundle(learner)),
         ("curriculum", 1, {}),
     ]
 

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from horizonrl.protos.placement import CustomResources
+
 
 class EnvConfig(BaseModel):
     """Which environment to run and how its replicas are spread over Ray actors."""
@@ -24,6 +26,9 @@ class EnvConfig(BaseModel):
     num_cpus_per_actor: float = Field(
         0.5, gt=0, description="Logical CPUs Ray reserves for each env actor."
     )
+    resources: CustomResources = Field(
+        default_factory=dict, description="Custom Ray resources per env actor, e.g. "
+        "{\"env_node\": 0.1}: env actors run only on nodes that offer them (placement by role).")
     call_timeout_s: float = Field(
         60.0, gt=0, description="Deadline for one batched reset/step call to an env actor; a "
         "call past it fails its episodes with failure=timeout and the actor is restarted.",

@@ -18,6 +18,7 @@ from typing import Any
 from horizonrl.envpool.base import StepResult
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.registry import make_env
+from horizonrl.protos.placement import node_ip
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,9 @@ class EnvWorker:
 
     def ready(self) -> bool:
         return True
+
+    def node_ip(self) -> str:
+        return node_ip()
 
     def health(self) -> dict[str, Any]:
         """pid, replica count, counters, and the RSS of this process and its children (JVMs)."""
@@ -142,7 +146,8 @@ class EnvPool:
     def _spawn(self) -> Any:
         import ray
 
-        remote = ray.remote(num_cpus=self.cfg.num_cpus_per_actor, max_restarts=0)(EnvWorker)
+        remote = ray.remote(num_cpus=self.cfg.num_cpus_per_actor,
+                            resources=self.cfg.resources or None, max_restarts=0)(EnvWorker)
         return remote.remote(self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
                              self.cfg.recycle_every_episodes)
 

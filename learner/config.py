@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from horizonrl.protos.placement import CustomResources
+
 
 class IngestConfig(BaseModel):
     """The gRPC server where generators push finished trajectories."""
@@ -105,6 +107,12 @@ class LearnerConfig(BaseModel):
     world_size: int = Field(2, ge=1, description="LearnerWorker ranks (one Ray actor each).")
     num_cpus_per_worker: float = Field(0.5, gt=0, description="Logical CPUs Ray reserves per rank.")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs per rank (0 on CPU).")
+    resources_per_worker: CustomResources = Field(
+        default_factory=dict, description="Custom Ray resources per rank (in its placement-group "
+        "bundle), e.g. {\"learner_node\": 0.1}: ranks run only on nodes that offer them.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy of the ranks: PACK keeps them on as "
+        "few nodes as fit (gloo/NCCL traffic stays local), SPREAD one per node where it can.")
     torch_threads: int = Field(1, ge=1, description="Intra-op threads per rank.")
     zero_stage: Literal[1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
     dtype: Literal["fp32", "bf16", "auto"] = Field(
@@ -160,3 +168,9 @@ class LearnerConfig(BaseModel):
         64.0, gt=0, description="Broadcast: most MiB per bucket (one flat broadcast each; "
         "bounds the extra memory on both sides); a larger tensor is sent alone.")
     ingest: IngestConfig = Field(default_factory=IngestConfig, description="Trajectory ingest.")
+
+
+def rank_bundle(cfg: LearnerConfig) -> dict[str, float]:
+    """One rank's placement-group bundle (what `--dry-run` plans and the group reserves)."""
+    gpus = {"GPU": cfg.num_gpus_per_worker} if cfg.num_gpus_per_worker else {}
+    return {"CPU": cfg.num_cpus_per_worker, **gpus, **cfg.resources_per_worker}

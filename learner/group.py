@@ -10,18 +10,18 @@ import torch
 
 from horizonrl.learner import algorithms as alg
 from horizonrl.learner.batch import group_index, pad_batch, split_rows, turn_rows, valid_mask
-from horizonrl.learner.config import LearnerConfig
+from horizonrl.learner.config import LearnerConfig, rank_bundle
 from horizonrl.learner.worker import LearnerWorker
 from horizonrl.protos.trajectory import Trajectory
 
 
 def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
-                               timeout_s: float = 120.0) -> Any:
+                               timeout_s: float = 120.0, strategy: str = "PACK") -> Any:
     """Reserve `bundles`; on timeout raise an error saying what was asked and what is free."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    pg = placement_group(bundles, strategy="PACK")
+    pg = placement_group(bundles, strategy=strategy)
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -60,11 +60,10 @@ class LearnerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.cfg, self.pad_id = cfg, pad_id
-        bundle = {"CPU": cfg.num_cpus_per_worker}
-        if cfg.num_gpus_per_worker:
-            bundle["GPU"] = cfg.num_gpus_per_worker
-        self.pg = placement_group_or_explain([bundle] * cfg.world_size, what="learner ranks")
+        self.pg = placement_group_or_explain([rank_bundle(cfg)] * cfg.world_size,
+                                             what="learner ranks", strategy=cfg.placement_strategy)
         remote = ray.remote(num_cpus=cfg.num_cpus_per_worker, num_gpus=cfg.num_gpus_per_worker,
+                            resources=cfg.resources_per_worker or None,
                             max_restarts=0)(LearnerWorker)
         self.workers = [
             remote.options(scheduling_strategy=PlacementGroupSchedulingStrategy(

@@ -35,6 +35,7 @@ from horizonrl.learner.objectives import (
     value_objective,
     whiten,
 )
+from horizonrl.protos.placement import node_ip
 from horizonrl.protos.precision import bf16_native, learner_dtype
 
 
@@ -66,9 +67,7 @@ class LearnerWorker:
         """Where rank 0 listens for the process group: its node's IP and a free port there."""
         import socket
 
-        import ray
-
-        ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        ip = node_ip()
         with socket.socket() as s:
             s.bind((ip, 0))
             return ip, s.getsockname()[1]
@@ -140,6 +139,9 @@ class LearnerWorker:
 
     def ready(self) -> bool:
         return True
+
+    def node_ip(self) -> str:
+        return node_ip()
 
     def health(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": os.getpid(), "updates": self.updates}

@@ -61,6 +61,11 @@ def test_two_iterations_end_to_end(cfg):
         assert led["reconciled"] and led["generated"] == 2 * 4 * 4 == led["trained"] + \
             led["dropped_total"]
         assert trainer.ingest.stats()["duplicates"] == 0
+        # Every role on the one local node, as placement.json records it.
+        placed = json.loads((run_dir / "placement.json").read_text())
+        assert placed == {"driver": "127.0.0.1", "generators": ["127.0.0.1"],
+                          "env_actors": ["127.0.0.1"] * cfg.env.num_actors,
+                          "learner_ranks": ["127.0.0.1"] * cfg.learner.world_size}
 
         # No episode ran past the horizon in force, and the broadcast reached the generator.
         assert [m["horizon"] for m in metrics] == [2, 3]

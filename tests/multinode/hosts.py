@@ -1,9 +1,10 @@
 """Two simulated hosts on this machine, each its own network namespace, joined by a veth pair
 that this harness creates (10.77.K.1 and 10.77.K.2): a loopback bind on one host is out of reach
-of the other, as on real machines. Host A runs the Ray head, host B a worker node; host B's
-raylet can run in a private mount namespace with a tmpfs over chosen directories, so those are
-node-local to B. Everything is started here and stopped by process id (never `ray stop`), and
-the namespaces and the veth pair are removed on exit, also on failure. Needs root.
+of the other, as on real machines. Host A runs the Ray head (custom resource `learner_node`),
+host B a worker node (`rollout_node`); host B's raylet can run in a private mount namespace
+with a tmpfs over chosen directories, so those are node-local to B. Everything is started
+here and stopped by process id (never `ray stop`), and the namespaces and the veth pair are
+removed on exit, also on failure. Needs root.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",  # with 0 a worker refuses 
            # default was too short and the raylet aborted at start.
            "RAY_agent_register_timeout_ms": "180000"}
 PORT = 6380  # each namespace has its own port space: no clash with any other Ray
+# The custom resources configs/multinode-local.yaml places roles by: learner on A, rollout on B.
+RESOURCES = ('{"learner_node": 1}', '{"rollout_node": 1}')
 
 
 def can_run() -> str | None:
@@ -77,13 +80,13 @@ class TwoHosts:
         env.pop("RAY_ADDRESS", None)
         common = ["--block", "--disable-usage-stats", f"--num-cpus={self.cpus}"]
         head = [str(BIN / "ray"), "start", "--head", f"--node-ip-address={self.ips[0]}",
-                f"--port={PORT}", "--include-dashboard=false",
+                f"--port={PORT}", "--include-dashboard=false", f"--resources={RESOURCES[0]}",
                 f"--temp-dir={self.workdir / 'ray-a'}", *common]
         self.procs.append(subprocess.Popen(
             ["ip", "netns", "exec", self.ns[0], *head], env=env, start_new_session=True,
             stdout=self._log("a"), stderr=subprocess.STDOUT))
         worker = [str(BIN / "ray"), "start", f"--address={self.address}",
-                  f"--node-ip-address={self.ips[1]}", '--resources={"hostB": 1}',
+                  f"--node-ip-address={self.ips[1]}", f"--resources={RESOURCES[1]}",
                   f"--temp-dir={self.workdir / 'ray-b'}", *common]
         # Host B's own view of `b_private`: an empty tmpfs in a private mount namespace.
         mounts = "".join(f"mount -t tmpfs tmpfs {d} && " for d in self.b_private)
