@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,8 @@ class TwoHosts:
         self.ips = (f"10.77.{self.k}.1", f"10.77.{self.k}.2")
         self.address = f"{self.ips[0]}:{PORT}"
         self.workdir, self.cpus, self.b_private = workdir, cpus, list(b_private)
+        # Ray's socket paths must stay under 108 bytes, which a pytest tmp_path can exceed.
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix=f"ray{self.k}-"))
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> TwoHosts:
@@ -81,13 +84,13 @@ class TwoHosts:
         common = ["--block", "--disable-usage-stats", f"--num-cpus={self.cpus}"]
         head = [str(BIN / "ray"), "start", "--head", f"--node-ip-address={self.ips[0]}",
                 f"--port={PORT}", "--include-dashboard=false", f"--resources={RESOURCES[0]}",
-                f"--temp-dir={self.workdir / 'ray-a'}", *common]
+                f"--temp-dir={self.ray_tmp / 'a'}", *common]
         self.procs.append(subprocess.Popen(
             ["ip", "netns", "exec", self.ns[0], *head], env=env, start_new_session=True,
             stdout=self._log("a"), stderr=subprocess.STDOUT))
         worker = [str(BIN / "ray"), "start", f"--address={self.address}",
                   f"--node-ip-address={self.ips[1]}", f"--resources={RESOURCES[1]}",
-                  f"--temp-dir={self.workdir / 'ray-b'}", *common]
+                  f"--temp-dir={self.ray_tmp / 'b'}", *common]
         # Host B's own view of `b_private`: an empty tmpfs in a private mount namespace.
         mounts = "".join(f"mount -t tmpfs tmpfs {d} && " for d in self.b_private)
         script = f"{mounts}exec {shlex.join(worker)}"
@@ -148,3 +151,4 @@ class TwoHosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         # The veth pair goes with its namespaces; this is for a setup that failed half-way.
         subprocess.run(["ip", "link", "del", f"hv{self.k}a"], capture_output=True)
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
