@@ -30,6 +30,7 @@ RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",  # with 0 a worker refuses 
 PORT = 6380  # each namespace has its own port space: no clash with any other Ray
 # The custom resources configs/multinode-local.yaml places roles by: learner on A, rollout on B.
 RESOURCES = ('{"learner_node": 1}', '{"rollout_node": 1}')
+DASHBOARD_PORT = 8265
 
 
 def can_run() -> str | None:
@@ -48,7 +49,9 @@ def _sh(*args: str) -> None:
 class TwoHosts:
     """`with TwoHosts(tmp, b_private=[dir]) as h:` then `h.run_on_a([...])`."""
 
-    def __init__(self, workdir: Path, *, cpus: int = 2, b_private: Sequence[Path] = ()) -> None:
+    def __init__(self, workdir: Path, *, cpus: int = 2, b_private: Sequence[Path] = (),
+                 dashboard: bool = False) -> None:
+        """`dashboard`: the head serves Ray's job API on host A's IP (`self.jobs_url`)."""
         self.k = os.getpid() % 200 + 20  # subnet and names unique per test process
         self.ns = (f"hrl{self.k}a", f"hrl{self.k}b")
         self.ips = (f"10.77.{self.k}.1", f"10.77.{self.k}.2")
@@ -57,6 +60,8 @@ class TwoHosts:
         # Ray's socket paths must stay under 108 bytes, which a pytest tmp_path can exceed.
         self.ray_tmp = Path(tempfile.mkdtemp(prefix=f"ray{self.k}-"))
         self.procs: list[subprocess.Popen] = []
+        self.dashboard = dashboard
+        self.jobs_url = f"http://{self.ips[0]}:{DASHBOARD_PORT}"
 
     def __enter__(self) -> TwoHosts:
         try:
@@ -79,11 +84,15 @@ class TwoHosts:
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
 
     def _start_ray(self) -> None:
-        env = {**os.environ, **RAY_ENV}
+        # The venv first on PATH, so a submitted job's entrypoint finds `horizonrl`.
+        env = {**os.environ, **RAY_ENV, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
         env.pop("RAY_ADDRESS", None)
         common = ["--block", "--disable-usage-stats", f"--num-cpus={self.cpus}"]
+        dash = (["--include-dashboard=true", f"--dashboard-host={self.ips[0]}",
+                 f"--dashboard-port={DASHBOARD_PORT}"]
+                if self.dashboard else ["--include-dashboard=false"])
         head = [str(BIN / "ray"), "start", "--head", f"--node-ip-address={self.ips[0]}",
-                f"--port={PORT}", "--include-dashboard=false", f"--resources={RESOURCES[0]}",
+                f"--port={PORT}", *dash, f"--resources={RESOURCES[0]}",
                 f"--temp-dir={self.ray_tmp / 'a'}", *common]
         self.procs.append(subprocess.Popen(
             ["ip", "netns", "exec", self.ns[0], *head], env=env, start_new_session=True,
@@ -99,6 +108,8 @@ class TwoHosts:
              "private", "sh", "-c", script], env=env, start_new_session=True,
             stdout=self._log("b"), stderr=subprocess.STDOUT))
         self._wait_for_nodes(2, timeout_s=240)
+        if self.dashboard:
+            self._wait_for_jobs_api(timeout_s=180)
 
     def _log(self, host: str):
         return (self.workdir / f"ray-start-{host}.log").open("w")
@@ -121,6 +132,17 @@ class TwoHosts:
                 f"a `ray start` exited\n{self._tails()}"
             time.sleep(3)
         raise TimeoutError(f"{n} Ray nodes not up within {timeout_s}s (last probe: {seen})\n"
+                           f"{self._tails()}")
+
+    def _wait_for_jobs_api(self, *, timeout_s: float) -> None:
+        probe = f"import urllib.request; urllib.request.urlopen('{self.jobs_url}/api/jobs/', " \
+                "timeout=5)"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.run_on_a([sys.executable, "-c", probe], timeout=60).returncode == 0:
+                return
+            time.sleep(2)
+        raise TimeoutError(f"the head's job API did not answer within {timeout_s}s\n"
                            f"{self._tails()}")
 
     def run_on_a(self, cmd: Sequence[str], *, timeout: float,

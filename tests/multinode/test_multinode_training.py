@@ -63,3 +63,32 @@ def test_train_across_two_hosts_then_resume_on_a_second_cluster(tmp_path):
     assert (run_dir / "checkpoints/step_000013").is_dir()
     second = _ledger(run_dir)
     assert second["generated"] > first["generated"]
+
+
+def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path):
+    """As a cluster user does it: `ray job submit` from a checkout to the head's job API, the
+    token in the job's runtime env; the driver runs on the head (host A)."""
+    import yaml
+
+    runtime_env = yaml.safe_load((ROOT / "deploy/runtime_env.yaml").read_text())
+    runtime_env["env_vars"].update(TOKEN)
+    (tmp_path / "runtime_env.yaml").write_text(yaml.safe_dump(runtime_env))
+    storage = tmp_path / "storage"
+    with TwoHosts(tmp_path, dashboard=True) as hosts:
+        cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address",
+               hosts.jobs_url, "--working-dir", ".", "--runtime-env",
+               str(tmp_path / "runtime_env.yaml"), "--", "horizonrl", "train", "--config",
+               "configs/multinode-local.yaml", "iterations=3", "checkpoint_every=3",
+               "metrics.port=0", f"model.cache_dir={ROOT / '.cache/models'}",
+               f"run_root={storage}"]
+        out = hosts.run_on_a(cmd, cwd=ROOT, timeout=1200)
+        a, b = hosts.ips
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "succeeded" in out.stdout
+    (run_dir,) = storage.iterdir()
+    placed = json.loads((run_dir / "placement.json").read_text())
+    assert placed["driver"] == a and set(placed["learner_ranks"]) == {a}
+    assert set(placed["generators"]) == {b} and set(placed["env_actors"]) == {b}
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2] and (run_dir / "checkpoints/step_000003").is_dir()
+    _ledger(run_dir)
