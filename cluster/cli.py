@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return dry_run(cfg, gpu_gib=args.gpu_memory_gib,
                            resources=_resources(args.resources) if args.resources else None)
-        from horizonrl.cluster.driver import LearnerLost
+        from horizonrl.cluster.driver import GeneratorLost, LearnerLost
         from horizonrl.cluster.multinode import NotMultiNodeReady
         from horizonrl.cluster.plan import DoesNotFit
         from horizonrl.cluster.run import train
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ConfigError, DoesNotFit, NotMultiNodeReady) as exc:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 2
-        except LearnerLost as exc:
+        except (LearnerLost, GeneratorLost) as exc:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 3
         except KeyboardInterrupt:

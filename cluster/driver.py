@@ -40,6 +40,7 @@ from horizonrl.cluster.metrics import MetricsLogger
 from horizonrl.cluster.models import ensure_model
 from horizonrl.cluster.multinode import record_placement
 from horizonrl.cluster.phases import make_phase
+from horizonrl.cluster.plan import placement_plan
 from horizonrl.cluster.prometheus import PrometheusExporter
 from horizonrl.envpool.pool import EnvPool
 from horizonrl.learner.batch import apply_overlong
@@ -53,6 +54,11 @@ from horizonrl.protos.trajectory import Trajectory
 
 class LearnerLost(RuntimeError):
     """A learner rank died: the run cannot go on without a restart from a checkpoint."""
+
+
+class GeneratorLost(RuntimeError):
+    """A generator died and no node could host its replacement (its node was lost and no other
+    offers the resources): the run saves a checkpoint and stops."""
 
 
 class Trainer:
@@ -130,15 +136,26 @@ class Trainer:
         push): say so, restart it, and count the episodes that died with it (they never got an
         id; anything it had pushed is dropped by id as `generator_lost`)."""
         print(f"[horizonrl] generator gen{i} died {when}; restarting it", flush=True)
-        self.restart_generator(i)
         self.ledger.add_generator_error(lost_episodes, step)
+        self.restart_generator(i)
 
     def restart_generator(self, i: int) -> None:
         """Replace a dead generator: current weights, then the curriculum's current horizon."""
         import ray
 
         new = self._spawn_generator(i)
-        ray.get(new.ready.remote())
+        limit = self.cfg.generator.restart_timeout_s
+        try:
+            ray.get(new.ready.remote(), timeout=limit)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(new)  # pending for a node that is gone: never let it start later
+            raise GeneratorLost(
+                f"generator gen{i} died and its replacement was not running within {limit:g}s "
+                f"(generator.restart_timeout_s): no node has room for it (free now: "
+                f"{ray.available_resources()}; each generator needs "
+                f"{placement_plan(self.cfg)[0][2]}). A lost node takes its resources with it; "
+                "bring nodes back, then continue with `horizonrl train --config ... --resume "
+                "auto`") from None
         self.generators[i] = new  # the weight sync holds this same list
         self.weights.resync(i, self.policy_version)
         ray.get(self.curriculum.register.remote(f"gen{i}", new))

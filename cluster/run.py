@@ -8,7 +8,7 @@ from pathlib import Path
 
 from horizonrl.cluster.checkpoints import find_checkpoint, load_resume, truncate_metrics
 from horizonrl.cluster.config import RunConfig
-from horizonrl.cluster.driver import Trainer
+from horizonrl.cluster.driver import GeneratorLost, Trainer
 from horizonrl.cluster.iteration import make_run_dir
 from horizonrl.cluster.metrics import ProgressReporter
 from horizonrl.cluster.models import check_context, ensure_model
@@ -79,7 +79,11 @@ def _rl(cfg: RunConfig, *, run_dir: Path, state: object, t0: float) -> None:
         stop = StopRequest()
         try:
             while trainer.step_count < cfg.iterations and not stop.requested:
-                m = trainer.step()
+                try:
+                    m = trainer.step()
+                except GeneratorLost as exc:  # the learner is fine: keep what it has learned
+                    saved = trainer.save_checkpoint()
+                    raise GeneratorLost(f"{exc} (checkpoint {saved})") from None
                 progress.update(m)
                 if m["horizon"] != m["next_horizon"]:
                     why = m.get("curriculum_decision")

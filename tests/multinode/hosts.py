@@ -154,15 +154,31 @@ class TwoHosts:
         return subprocess.run(["ip", "netns", "exec", self.ns[0], *cmd], env=full, cwd=cwd,
                               capture_output=True, text=True, timeout=timeout)
 
+    def _kill_namespace(self, ns: str) -> None:
+        """SIGKILL every process inside `ns` (one of ours), and only those."""
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
+    def lose_host_b(self) -> None:
+        """Host B fails: its raylet and every worker on it die at once, as in a power loss."""
+        self._kill_namespace(self.ns[1])
+
+    def popen_on_a(self, cmd: Sequence[str], *, log: Path, env: dict[str, str] | None = None,
+                   cwd: Path | None = None) -> subprocess.Popen:
+        """`cmd` started on host A in the background, its output in `log`."""
+        full = {**os.environ, **RAY_ENV, **(env or {})}
+        full.pop("RAY_ADDRESS", None)
+        return subprocess.Popen(["ip", "netns", "exec", self.ns[0], *cmd], env=full, cwd=cwd,
+                                stdout=log.open("w"), stderr=subprocess.STDOUT)
+
     def __exit__(self, *exc: object) -> None:
-        for ns in self.ns:  # every process inside our namespaces, and only those
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
-                                  text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        for ns in self.ns:
+            self._kill_namespace(ns)
         for p in self.procs:
             try:
                 os.killpg(p.pid, signal.SIGKILL)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,43 @@ def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path):
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2] and (run_dir / "checkpoints/step_000003").is_dir()
     _ledger(run_dir)
+
+
+def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path):
+    """Host B (generator and env actors) dies mid-run. No other node offers `rollout_node`, so
+    the replacement generator cannot be placed: the run saves a checkpoint with the learner's
+    latest weights, stops with exit 3 and says why, and the ledger reconciles with the lost
+    episodes counted."""
+    storage = tmp_path / "storage"
+    with TwoHosts(tmp_path) as hosts:
+        run = hosts.popen_on_a(
+            [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
+             "configs/multinode-local.yaml", f"ray.address={hosts.address}", "metrics.port=0",
+             f"model.cache_dir={ROOT / '.cache/models'}", f"run_root={storage}",
+             "iterations=40", "checkpoint_every=3", "generator.restart_timeout_s=45"],
+            log=tmp_path / "train.log", cwd=ROOT, env={**TOKEN, "PYTHONUNBUFFERED": "1"})
+        try:
+            deadline = time.monotonic() + 900
+            while not list(storage.glob("*/checkpoints/step_000003")):
+                assert run.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
+                assert time.monotonic() < deadline, "no checkpoint at step 3 within 900 s"
+                time.sleep(1)
+            hosts.lose_host_b()
+            rc = run.wait(timeout=600)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    log = (tmp_path / "train.log").read_text()
+    assert rc == 3, log[-4000:]
+    assert "generator gen0 died" in log and "generator.restart_timeout_s" in log
+    (run_dir,) = storage.iterdir()
+    stopped_at = int(re.search(r"checkpoints/step_(\d+)\)", log).group(1))
+    assert 3 <= stopped_at < 40
+    state = json.loads((run_dir / f"checkpoints/step_{stopped_at:06d}/trainer_state.json")
+                       .read_text())
+    assert state["step"] == stopped_at
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(stopped_at))
+    ledger = _ledger(run_dir)
+    assert ledger["generator_error_episodes"] > 0
+    print(f"node loss: stopped at step {stopped_at}; ledger {ledger}")
