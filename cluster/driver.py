@@ -66,6 +66,7 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, *, run_dir: Path, resume: ResumeState | None = None):
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.cfg, self.run_dir = cfg, run_dir
         base = str(ensure_model(cfg.model, env=cfg.env))
@@ -76,7 +77,10 @@ class Trainer:
         self.policy_version = resume.policy_version if resume else 0
         self.generator_restarts = 0
         self.ingest, self.ingest_address, self.ingest_token = open_ingest(cfg.learner.ingest)
-        self.curriculum = ray.remote(num_cpus=0)(CurriculumActor).remote(cfg.curriculum)
+        # On the driver's node: the schedule's state must not die with a rollout node.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.curriculum = ray.remote(num_cpus=0)(CurriculumActor).options(
+            scheduling_strategy=here).remote(cfg.curriculum)
         if resume:
             ray.get(self.curriculum.set_state.remote(resume.curriculum))
         self.generators = [self._spawn_generator(i)
@@ -143,12 +147,19 @@ class Trainer:
         """Replace a dead generator: current weights, then the curriculum's current horizon."""
         import ray
 
-        new = self._spawn_generator(i)
         limit = self.cfg.generator.restart_timeout_s
-        try:
-            ray.get(new.ready.remote(), timeout=limit)
-        except ray.exceptions.GetTimeoutError:
-            ray.kill(new)  # pending for a node that is gone: never let it start later
+        deadline = time.monotonic() + limit
+        while (left := deadline - time.monotonic()) > 0:
+            new = self._spawn_generator(i)
+            try:
+                ray.get(new.ready.remote(), timeout=left)
+                break
+            except ray.exceptions.GetTimeoutError:
+                ray.kill(new)  # pending for a node that is gone: never let it start later
+            except ray.exceptions.RayActorError:
+                # Placed on a node that was dying but not yet declared dead: try again.
+                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+        else:
             raise GeneratorLost(
                 f"generator gen{i} died and its replacement was not running within {limit:g}s "
                 f"(generator.restart_timeout_s): no node has room for it (free now: "

@@ -130,6 +130,9 @@ def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path):
     assert state["step"] == stopped_at
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(stopped_at))
+    # Episodes of a rollout in flight when B died count as generator_error; a death found at
+    # the weight push (between rollouts) loses none. Either way every id has its fate.
     ledger = _ledger(run_dir)
-    assert ledger["generator_error_episodes"] > 0
-    print(f"node loss: stopped at step {stopped_at}; ledger {ledger}")
+    assert ledger["generated"] == ledger["trained"] + ledger["dropped_total"] > 0
+    where = "the weight push" if "during the weight push" in log else "a rollout"
+    print(f"node loss found at {where}: stopped at step {stopped_at}; ledger {ledger}")
