@@ -11,6 +11,7 @@ by hand.
 from __future__ import annotations
 
 import copy
+import json
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,24 +242,54 @@ def _cpus(quantity: str | int) -> float:
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
+def _offers(group: dict[str, Any]) -> dict[str, float]:
+    """The custom resources a worker group's pods offer (rayStartParams' quoted JSON)."""
+    raw = group.get("rayStartParams", {}).get("resources")
+    return json.loads(raw.strip('"').replace('\\"', '"')) if raw else {}
+
+
 @pytest.mark.parametrize("name", sorted(RAY_JOBS))
-def test_worker_pod_holds_the_whole_run(name):
-    from horizonrl.cluster.plan import placement_plan, total  # the figures `train --dry-run` prints
+def test_worker_groups_hold_the_roles_they_are_chosen_by(name):
+    """Every actor of the plan (the figures `train --dry-run` prints) and the driver go to the
+    worker group whose custom resources they ask for (the only group, when there is one), and
+    each group's guaranteed pods hold what lands on it."""
+    from horizonrl.cluster.plan import placement_plan
+    from horizonrl.learner.ingest_guard import is_loopback
 
     job = RAY_JOBS[name]
     cluster = _cluster(job)
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
-    (group,) = cluster["workerGroupSpecs"]  # one pod: generators dial the ingest on 127.0.0.1
-    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
-    need = total(placement_plan(load_config(_config_file(job))))
-    # The driver is scheduled onto the same pod by its CPU reservation.
+    groups = cluster["workerGroupSpecs"]
+    cfg = load_config(_config_file(job))
+    if is_loopback(cfg.learner.ingest.host):  # generators dial 127.0.0.1: one pod, no more
+        (group,) = groups
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
+
+    def home(role: str, custom: dict[str, float]) -> str:
+        fits = [g["groupName"] for g in groups if custom.keys() <= _offers(g).keys()]
+        assert len(fits) == 1, f"{name}: {role} asks for {custom}; groups that offer it: {fits}"
+        return fits[0]
+
+    # The driver is scheduled like an actor (off the 0-CPU head) by its reservations.
     assert job["spec"]["entrypointNumCpus"] > 0
-    need["CPU"] = need.get("CPU", 0.0) + job["spec"]["entrypointNumCpus"]
-    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
-    have = {"CPU": _cpus(limits["cpu"]), "GPU": float(limits.get("nvidia.com/gpu", 0))}
-    short = {k: f"needs {v:g}, pod has {have.get(k, 0.0):g}" for k, v in need.items()
-             if v > have.get(k, 0.0) + 1e-9}
-    assert not short, f"{name}: the worker pod is too small for its config: {short}"
+    driver = json.loads(job["spec"].get("entrypointResources", "{}"))
+    need = {g["groupName"]: {"CPU": 0.0, "GPU": 0.0} for g in groups}
+    need[home("the driver", driver)]["CPU"] += job["spec"]["entrypointNumCpus"]
+    for role, count, res in placement_plan(cfg):
+        if not res.get("CPU") and not res.get("GPU"):
+            continue  # the curriculum: 0 CPUs, on the driver's node
+        custom = {k: v for k, v in res.items() if k not in ("CPU", "GPU")}
+        group = need[home(role, custom)]
+        for k in ("CPU", "GPU"):
+            group[k] += count * res.get(k, 0.0)
+    for g in groups:
+        limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        pods = g["minReplicas"]
+        have = {"CPU": pods * _cpus(limits["cpu"]),
+                "GPU": pods * float(limits.get("nvidia.com/gpu", 0))}
+        short = {k: f"needs {v:g}, {pods} pod(s) have {have[k]:g}"
+                 for k, v in need[g["groupName"]].items() if v > have[k] + 1e-9}
+        assert not short, f"{name}: group {g['groupName']} is too small: {short}"
 
 
 def _containers(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
