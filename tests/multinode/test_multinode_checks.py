@@ -1,4 +1,4 @@
-"""A run on a real two-node Ray cluster (two network namespaces, tests/multinode/hosts.py) refuses,
+"""A run on a real two-node Ray cluster (two network namespaces, bench/twohosts.py) refuses,
 before any actor starts, what only works on one machine: a loopback ingest, and a run root that
 another node does not see. The same check passes once both are set for several nodes."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hosts import TwoHosts, can_run
+from twohosts import TwoHosts, can_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode,
               pytest.mark.skipif(can_run() is not None, reason=str(can_run()))]

@@ -1,4 +1,4 @@
-"""The embedded default trained across two hosts (tests/multinode/hosts.py): generators and env
+"""The embedded default trained across two hosts (bench/twohosts.py): generators and env
 actors on host B, learner ranks and the driver on host A, placed by the custom resources of
 configs/multinode-local.yaml; trajectories cross the veth to the ingest on A, weights cross it to
 the generator on B. Checkpoints land in a run root both hosts see, and a second cluster (fresh
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hosts import TwoHosts, can_run
+from twohosts import TwoHosts, can_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode,
               pytest.mark.skipif(can_run() is not None, reason=str(can_run()))]
@@ -102,12 +102,13 @@ def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path):
     episodes counted."""
     storage = tmp_path / "storage"
     with TwoHosts(tmp_path) as hosts:
-        run = hosts.popen_on_a(
+        run = hosts.popen_on(0, 
             [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
              "configs/multinode-local.yaml", f"ray.address={hosts.address}", "metrics.port=0",
              f"model.cache_dir={ROOT / '.cache/models'}", f"run_root={storage}",
              "iterations=40", "checkpoint_every=3", "generator.restart_timeout_s=45"],
-            log=tmp_path / "train.log", cwd=ROOT, env={**TOKEN, "PYTHONUNBUFFERED": "1"})
+            stdout=(tmp_path / "train.log").open("w"), cwd=ROOT,
+            env={**TOKEN, "PYTHONUNBUFFERED": "1"})
         try:
             deadline = time.monotonic() + 900
             while not list(storage.glob("*/checkpoints/step_000003")):

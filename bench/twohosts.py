@@ -4,7 +4,8 @@ of the other, as on real machines. Host A runs the Ray head (custom resource `le
 host B a worker node (`rollout_node`); host B's raylet can run in a private mount namespace
 with a tmpfs over chosen directories, so those are node-local to B. Everything is started
 here and stopped by process id (never `ray stop`), and the namespaces and the veth pair are
-removed on exit, also on failure. Needs root.
+removed on exit, also on failure. Needs root. Used by tests/multinode and by
+bench/transport_hosts.py (with `ray=False`: the two hosts and their link only).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",  # with 0 a worker refuses to join
@@ -50,8 +52,9 @@ class TwoHosts:
     """`with TwoHosts(tmp, b_private=[dir]) as h:` then `h.run_on_a([...])`."""
 
     def __init__(self, workdir: Path, *, cpus: int = 2, b_private: Sequence[Path] = (),
-                 dashboard: bool = False) -> None:
-        """`dashboard`: the head serves Ray's job API on host A's IP (`self.jobs_url`)."""
+                 dashboard: bool = False, ray: bool = True) -> None:
+        """`dashboard`: the head serves Ray's job API on host A's IP (`self.jobs_url`);
+        `ray=False`: no Ray at all, the two hosts and their link only."""
         self.k = os.getpid() % 200 + 20  # subnet and names unique per test process
         self.ns = (f"hrl{self.k}a", f"hrl{self.k}b")
         self.ips = (f"10.77.{self.k}.1", f"10.77.{self.k}.2")
@@ -60,13 +63,14 @@ class TwoHosts:
         # Ray's socket paths must stay under 108 bytes, which a pytest tmp_path can exceed.
         self.ray_tmp = Path(tempfile.mkdtemp(prefix=f"ray{self.k}-"))
         self.procs: list[subprocess.Popen] = []
-        self.dashboard = dashboard
+        self.dashboard, self.ray = dashboard, ray
         self.jobs_url = f"http://{self.ips[0]}:{DASHBOARD_PORT}"
 
     def __enter__(self) -> TwoHosts:
         try:
             self._network()
-            self._start_ray()
+            if self.ray:
+                self._start_ray()
         except BaseException:
             self.__exit__()
             raise
@@ -145,14 +149,32 @@ class TwoHosts:
         raise TimeoutError(f"the head's job API did not answer within {timeout_s}s\n"
                            f"{self._tails()}")
 
+    def run_on(self, host: int, cmd: Sequence[str], *, timeout: float,
+               env: dict[str, str] | None = None, cwd: Path | None = None
+               ) -> subprocess.CompletedProcess:
+        """`cmd` on host 0 (A) or 1 (B), with the Ray settings of this cluster."""
+        return subprocess.run(["ip", "netns", "exec", self.ns[host], *cmd], env=self._env(env),
+                              cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
     def run_on_a(self, cmd: Sequence[str], *, timeout: float,
                  env: dict[str, str] | None = None, cwd: Path | None = None
                  ) -> subprocess.CompletedProcess:
-        """`cmd` on host A (the driver's host), with the Ray settings of this cluster."""
-        full = {**os.environ, **RAY_ENV, **(env or {})}
+        """`cmd` on host A (the driver's host)."""
+        return self.run_on(0, cmd, timeout=timeout, env=env, cwd=cwd)
+
+    def popen_on(self, host: int, cmd: Sequence[str], *, stdout: Any,
+                 env: dict[str, str] | None = None, cwd: Path | None = None
+                 ) -> subprocess.Popen:
+        """`cmd` started on host 0 (A) or 1 (B) in the background (stderr with stdout)."""
+        return subprocess.Popen(["ip", "netns", "exec", self.ns[host], *cmd],
+                                env=self._env(env), cwd=cwd, stdout=stdout,
+                                stderr=subprocess.STDOUT, text=True)
+
+    @staticmethod
+    def _env(extra: dict[str, str] | None) -> dict[str, str]:
+        full = {**os.environ, **RAY_ENV, **(extra or {})}
         full.pop("RAY_ADDRESS", None)
-        return subprocess.run(["ip", "netns", "exec", self.ns[0], *cmd], env=full, cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout)
+        return full
 
     def _kill_namespace(self, ns: str) -> None:
         """SIGKILL every process inside `ns` (one of ours), and only those."""
@@ -167,14 +189,6 @@ class TwoHosts:
     def lose_host_b(self) -> None:
         """Host B fails: its raylet and every worker on it die at once, as in a power loss."""
         self._kill_namespace(self.ns[1])
-
-    def popen_on_a(self, cmd: Sequence[str], *, log: Path, env: dict[str, str] | None = None,
-                   cwd: Path | None = None) -> subprocess.Popen:
-        """`cmd` started on host A in the background, its output in `log`."""
-        full = {**os.environ, **RAY_ENV, **(env or {})}
-        full.pop("RAY_ADDRESS", None)
-        return subprocess.Popen(["ip", "netns", "exec", self.ns[0], *cmd], env=full, cwd=cwd,
-                                stdout=log.open("w"), stderr=subprocess.STDOUT)
 
     def __exit__(self, *exc: object) -> None:
         for ns in self.ns:
