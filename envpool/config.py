@@ -29,6 +29,10 @@ class EnvConfig(BaseModel):
     resources: CustomResources = Field(
         default_factory=dict, description="Custom Ray resources per env actor, e.g. "
         "{\"env_node\": 0.1}: env actors run only on nodes that offer them (placement by role).")
+    colocate: bool = Field(
+        True, description="Start the env actors on the node of the process that uses the pool "
+        "(the generator), where it has room: env steps stay off the network. Soft: with no "
+        "room there (or `resources` only other nodes offer) they go elsewhere.")
     call_timeout_s: float = Field(
         60.0, gt=0, description="Deadline for one batched reset/step call to an env actor; a "
         "call past it fails its episodes with failure=timeout and the actor is restarted.",

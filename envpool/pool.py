@@ -125,12 +125,17 @@ class EnvWorker:
 
 
 class EnvPool:
-    """Replicas spread over `cfg.num_actors` EnvWorker actors. Lives in its generator's process."""
+    """Replicas spread over `cfg.num_actors` EnvWorker actors. Lives in its generator's process.
+
+    The actors start on first use, in the process that uses the pool: a pool built by the
+    driver and handed to a generator starts them from the generator, beside it on its node
+    (soft node affinity, `env.colocate`), so env steps do not cross the network.
+    """
 
     def __init__(self, cfg: EnvConfig, *, name: str = "envpool") -> None:
         self.cfg = cfg
         self.name = name
-        self.actors: list[Any] = [self._spawn() for _ in range(cfg.num_actors)]
+        self._actors: list[Any] | None = None
         self.epochs = [0] * cfg.num_actors
         self.restarts = 0
         # Client-side pool metrics: calls and their latency, failures by kind.
@@ -138,6 +143,12 @@ class EnvPool:
         self.call_seconds = 0.0
         self.errors = {"env_error": 0, "timeout": 0}
         self._free = [(a, r) for a in range(cfg.num_actors) for r in range(cfg.replicas_per_actor)]
+
+    @property
+    def actors(self) -> list[Any]:
+        if self._actors is None:
+            self._actors = [self._spawn() for _ in range(self.cfg.num_actors)]
+        return self._actors
 
     @property
     def capacity(self) -> int:
@@ -148,6 +159,11 @@ class EnvPool:
 
         remote = ray.remote(num_cpus=self.cfg.num_cpus_per_actor,
                             resources=self.cfg.resources or None, max_restarts=0)(EnvWorker)
+        if self.cfg.colocate:  # soft: another node where this one lacks room or resources
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            remote = remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=True))
         return remote.remote(self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
                              self.cfg.recycle_every_episodes)
 

@@ -68,7 +68,8 @@ def test_train_across_two_hosts_then_resume_on_a_second_cluster(tmp_path):
 
 def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path):
     """As a cluster user does it: `ray job submit` from a checkout to the head's job API, the
-    token in the job's runtime env; the driver runs on the head (host A)."""
+    token in the job's runtime env; the driver runs on the head (host A), and env actors asked
+    for no node go where their generator is."""
     import yaml
 
     runtime_env = yaml.safe_load((ROOT / "deploy/runtime_env.yaml").read_text())
@@ -80,6 +81,9 @@ def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path):
                hosts.jobs_url, "--working-dir", ".", "--runtime-env",
                str(tmp_path / "runtime_env.yaml"), "--", "horizonrl", "train", "--config",
                "configs/multinode-local.yaml", "iterations=3", "checkpoint_every=3",
+               # No resources for the env actors: they follow their generator to host B
+               # (env.colocate) though host A has room for them.
+               "env.resources={}",
                "metrics.port=0", f"model.cache_dir={ROOT / '.cache/models'}",
                f"run_root={storage}"]
         out = hosts.run_on_a(cmd, cwd=ROOT, timeout=1200)
