@@ -33,6 +33,7 @@ PORT = 6380  # each namespace has its own port space: no clash with any other Ra
 # The custom resources configs/multinode-local.yaml places roles by: learner on A, rollout on B.
 RESOURCES = ('{"learner_node": 1}', '{"rollout_node": 1}')
 DASHBOARD_PORT = 8265
+START_ATTEMPTS = 3
 
 
 def can_run() -> str | None:
@@ -69,8 +70,16 @@ class TwoHosts:
     def __enter__(self) -> TwoHosts:
         try:
             self._network()
-            if self.ray:
-                self._start_ray()
+            for attempt in range(START_ATTEMPTS if self.ray else 0):
+                try:
+                    self._start_ray()
+                    break
+                except (AssertionError, TimeoutError):
+                    # `ray start` gives a raylet 30 s (fixed) to register; on a loaded 2-core
+                    # machine it can miss that. Start both nodes again, a bounded number of times.
+                    if attempt == START_ATTEMPTS - 1:
+                        raise
+                    self._stop_processes()
         except BaseException:
             self.__exit__()
             raise
@@ -190,7 +199,7 @@ class TwoHosts:
         """Host B fails: its raylet and every worker on it die at once, as in a power loss."""
         self._kill_namespace(self.ns[1])
 
-    def __exit__(self, *exc: object) -> None:
+    def _stop_processes(self) -> None:
         for ns in self.ns:
             self._kill_namespace(ns)
         for p in self.procs:
@@ -199,6 +208,10 @@ class TwoHosts:
             except ProcessLookupError:
                 pass
             p.wait(timeout=30)
+        self.procs.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_processes()
         for ns in self.ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         # The veth pair goes with its namespaces; this is for a setup that failed half-way.

@@ -1,13 +1,16 @@
 """The embedded default trained across two hosts (bench/twohosts.py): generators and env
 actors on host B, learner ranks and the driver on host A, placed by the custom resources of
 configs/multinode-local.yaml; trajectories cross the veth to the ingest on A, weights cross it to
-the generator on B. Checkpoints land in a run root both hosts see, and a second cluster (fresh
-Ray, same two hosts) resumes the run from there and continues."""
+the generator on B. Host B's view of the checkout's `.cache/` and `runs/` is an empty tmpfs, so
+the only directory both hosts share is the run's storage (run root and model folder); the
+checkpoints land there, and a second cluster (fresh Ray, same two hosts) resumes the run from it
+and continues."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -19,12 +22,33 @@ pytestmark = [pytest.mark.slow, pytest.mark.multinode,
               pytest.mark.skipif(can_run() is not None, reason=str(can_run()))]
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = {"HORIZONRL_INGEST_TOKEN": "multinode-test-token"}
+NODE_LOCAL = [ROOT / ".cache", ROOT / "runs"]  # host B sees an empty tmpfs over each
+
+
+@pytest.fixture()
+def storage(tmp_path) -> Path:
+    """The shared storage: `runs/` and `models/`, the base model copied in from this host's
+    cache (built here first if missing), as a user would stage it on a shared volume."""
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.models import ensure_model
+
+    for d in NODE_LOCAL:
+        d.mkdir(exist_ok=True)
+    cfg = load_config(ROOT / "configs/multinode-local.yaml",
+                      [f"model.cache_dir={ROOT / '.cache/models'}"])
+    base = ensure_model(cfg.model, env=cfg.env)
+    shutil.copytree(base, tmp_path / "storage" / "models" / base.name)
+    return tmp_path / "storage"
+
+
+def _args(hosts: TwoHosts, storage: Path) -> list[str]:
+    return [f"ray.address={hosts.address}", "metrics.port=0", f"run_root={storage / 'runs'}",
+            f"model.cache_dir={storage / 'models'}"]
 
 
 def _train(hosts: TwoHosts, storage: Path, *extra: str):
     cmd = [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
-           "configs/multinode-local.yaml", f"ray.address={hosts.address}", "metrics.port=0",
-           f"model.cache_dir={ROOT / '.cache/models'}", f"run_root={storage}", *extra]
+           "configs/multinode-local.yaml", *_args(hosts, storage), *extra]
     out = hosts.run_on_a(cmd, cwd=ROOT, timeout=1200, env={**TOKEN, "PYTHONUNBUFFERED": "1"})
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     return out
@@ -36,13 +60,12 @@ def _ledger(run_dir: Path) -> dict:
     return ledger
 
 
-def test_train_across_two_hosts_then_resume_on_a_second_cluster(tmp_path):
-    storage = tmp_path / "storage"  # what both hosts mount (here: the same filesystem)
+def test_train_across_two_hosts_then_resume_on_a_second_cluster(tmp_path, storage):
     (tmp_path / "first").mkdir()
-    with TwoHosts(tmp_path / "first") as hosts:
+    with TwoHosts(tmp_path / "first", b_private=NODE_LOCAL) as hosts:
         _train(hosts, storage)
         a, b = hosts.ips
-    (run_dir,) = storage.iterdir()
+    (run_dir,) = (storage / "runs").iterdir()
     placed = json.loads((run_dir / "placement.json").read_text())
     assert placed["driver"] == a and set(placed["learner_ranks"]) == {a}
     assert set(placed["generators"]) == {b} and set(placed["env_actors"]) == {b}
@@ -54,10 +77,10 @@ def test_train_across_two_hosts_then_resume_on_a_second_cluster(tmp_path):
     assert first["generated"] == first["trained"] + first["dropped_total"] > 0
 
     (tmp_path / "second").mkdir()
-    with TwoHosts(tmp_path / "second") as hosts:
+    with TwoHosts(tmp_path / "second", b_private=NODE_LOCAL) as hosts:
         out = _train(hosts, storage, "iterations=13", "--resume", "auto")
     assert int(re.search(r"from step_(\d+) ", out.stdout).group(1)) == 10
-    assert list(storage.iterdir()) == [run_dir]  # the same run went on
+    assert list((storage / "runs").iterdir()) == [run_dir]  # the same run went on
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(13))
     assert [x["policy_version"] for x in lines] == list(range(1, 14))
@@ -66,7 +89,7 @@ def test_train_across_two_hosts_then_resume_on_a_second_cluster(tmp_path):
     assert second["generated"] > first["generated"]
 
 
-def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path):
+def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path, storage):
     """As a cluster user does it: `ray job submit` from a checkout to the head's job API, the
     token in the job's runtime env; the driver runs on the head (host A), and env actors asked
     for no node go where their generator is."""
@@ -75,22 +98,20 @@ def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path):
     runtime_env = yaml.safe_load((ROOT / "deploy/runtime_env.yaml").read_text())
     runtime_env["env_vars"].update(TOKEN)
     (tmp_path / "runtime_env.yaml").write_text(yaml.safe_dump(runtime_env))
-    storage = tmp_path / "storage"
-    with TwoHosts(tmp_path, dashboard=True) as hosts:
+    with TwoHosts(tmp_path, dashboard=True, b_private=NODE_LOCAL) as hosts:
         cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address",
                hosts.jobs_url, "--working-dir", ".", "--runtime-env",
                str(tmp_path / "runtime_env.yaml"), "--", "horizonrl", "train", "--config",
                "configs/multinode-local.yaml", "iterations=3", "checkpoint_every=3",
                # No resources for the env actors: they follow their generator to host B
                # (env.colocate) though host A has room for them.
-               "env.resources={}",
-               "metrics.port=0", f"model.cache_dir={ROOT / '.cache/models'}",
-               f"run_root={storage}"]
+               "env.resources={}", f"run_root={storage / 'runs'}",
+               f"model.cache_dir={storage / 'models'}", "metrics.port=0"]
         out = hosts.run_on_a(cmd, cwd=ROOT, timeout=1200)
         a, b = hosts.ips
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "succeeded" in out.stdout
-    (run_dir,) = storage.iterdir()
+    (run_dir,) = (storage / "runs").iterdir()
     placed = json.loads((run_dir / "placement.json").read_text())
     assert placed["driver"] == a and set(placed["learner_ranks"]) == {a}
     assert set(placed["generators"]) == {b} and set(placed["env_actors"]) == {b}
@@ -99,23 +120,21 @@ def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path):
     _ledger(run_dir)
 
 
-def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path):
+def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path, storage):
     """Host B (generator and env actors) dies mid-run. No other node offers `rollout_node`, so
     the replacement generator cannot be placed: the run saves a checkpoint with the learner's
     latest weights, stops with exit 3 and says why, and the ledger reconciles with the lost
     episodes counted."""
-    storage = tmp_path / "storage"
-    with TwoHosts(tmp_path) as hosts:
-        run = hosts.popen_on(0, 
-            [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
-             "configs/multinode-local.yaml", f"ray.address={hosts.address}", "metrics.port=0",
-             f"model.cache_dir={ROOT / '.cache/models'}", f"run_root={storage}",
-             "iterations=40", "checkpoint_every=3", "generator.restart_timeout_s=45"],
+    with TwoHosts(tmp_path, b_private=NODE_LOCAL) as hosts:
+        run = hosts.popen_on(
+            0, [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
+                "configs/multinode-local.yaml", *_args(hosts, storage), "iterations=40",
+                "checkpoint_every=3", "generator.restart_timeout_s=45"],
             stdout=(tmp_path / "train.log").open("w"), cwd=ROOT,
             env={**TOKEN, "PYTHONUNBUFFERED": "1"})
         try:
             deadline = time.monotonic() + 900
-            while not list(storage.glob("*/checkpoints/step_000003")):
+            while not list(storage.glob("runs/*/checkpoints/step_000003")):
                 assert run.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
                 assert time.monotonic() < deadline, "no checkpoint at step 3 within 900 s"
                 time.sleep(1)
@@ -127,7 +146,7 @@ def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path):
     log = (tmp_path / "train.log").read_text()
     assert rc == 3, log[-4000:]
     assert "generator gen0 died" in log and "generator.restart_timeout_s" in log
-    (run_dir,) = storage.iterdir()
+    (run_dir,) = (storage / "runs").iterdir()
     stopped_at = int(re.search(r"checkpoints/step_(\d+)\)", log).group(1))
     assert 3 <= stopped_at < 40
     state = json.loads((run_dir / f"checkpoints/step_{stopped_at:06d}/trainer_state.json")
