@@ -88,10 +88,8 @@ class GeneratorActor:
 
     def placement(self) -> dict[str, Any]:
         """Where this generator and its env actors run (node IPs), for the run's placement.json."""
-        import ray
-
-        return {"generator": node_ip(), "env_actors": ray.get(
-            [a.node_ip.remote() for p in self.pools.values() for a in p.actors])}
+        return {"generator": node_ip(),
+                "env_actors": [ip for p in self.pools.values() for ip in p.node_ips()]}
 
     def health(self) -> dict[str, Any]:
         return {"name": self.name, "pid": os.getpid(), "policy_version": self.policy_version,

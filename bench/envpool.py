@@ -2,7 +2,10 @@
 against gymnasium's `AsyncVectorEnv`, for BabyAI and TextCraft, as ratios in one run.
 
     .venv/bin/python bench/envpool.py [--replicas 8] [--rounds 150] [--max-seconds 60]
+        [--out FILE]
 
+`env.in_process` pools host the same EnvWorkers in this process (no Ray round trip; a thread
+per worker carries the call deadline).
 Every method runs the same random agent (each env's `random_action` on the last info) on the same
 number of replicas for the same number of rounds (one action per replica per round; a finished
 episode is reset in its slot and the reset counts as that slot's step). Reading it: the pool
@@ -45,14 +48,15 @@ def in_process(env: str, kwargs: dict, n: int, rounds: int, max_s: float) -> flo
     return steps / dt
 
 
-def pool(env: str, kwargs: dict, n: int, rounds: int, max_s: float, actors: int) -> float:
+def pool(env: str, kwargs: dict, n: int, rounds: int, max_s: float, actors: int,
+         in_process: bool = False) -> float:
     from horizonrl.envpool.config import EnvConfig
     from horizonrl.envpool.pool import EnvError, EnvPool
 
     spec, rng = env_spec(env), random.Random(0)
     p = EnvPool(EnvConfig(name=env, kwargs=kwargs, num_actors=actors,
-                          replicas_per_actor=n // actors, num_cpus_per_actor=0.01),
-                name=f"bench-{env}")
+                          replicas_per_actor=n // actors, num_cpus_per_actor=0.01,
+                          in_process=in_process), name=f"bench-{env}")
     p.wait_ready()
     slots = p.acquire(n)
     infos = [info for _, info in p.reset(slots, list(range(n)))]
@@ -71,8 +75,7 @@ def pool(env: str, kwargs: dict, n: int, rounds: int, max_s: float, actors: int)
             break
     dt = time.perf_counter() - t0
     p.release(slots)
-    for a in p.actors:
-        a.close.remote()
+    p.close()
     return steps / dt
 
 
@@ -127,6 +130,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="cap per measurement")
+    ap.add_argument("--out", help="write the table and settings as JSON here")
     args = ap.parse_args()
 
     from horizonrl.cluster.config import RayConfig
@@ -142,12 +146,26 @@ def main() -> None:
             for actors in (1, 2):
                 rows.append((env, f"EnvPool, {actors} Ray actor(s)",
                              pool(env, kwargs, n, r, cap, actors)))
+            rows.append((env, "EnvPool, in-process (env.in_process, 1 worker)",
+                         pool(env, kwargs, n, r, cap, 1, in_process=True)))
             rows.append((env, f"gymnasium AsyncVectorEnv ({n} processes)",
                          async_vector(env, kwargs, n, r, cap)))
     print("\n| env | method | steps/s | vs in-process |\n|---|---|---|---|")
+    table = []
     for env, method, sps in rows:
         base = next(s for e, m, s in rows if e == env and m.startswith("in-process"))
         print(f"| {env} | {method} | {sps:,.0f} | {sps / base:.2f}x |")
+        table.append({"env": env, "method": method, "steps_per_s": round(sps, 1),
+                      "vs_in_process": round(sps / base, 3)})
+    if args.out:
+        import json
+        import sys
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "command": "python bench/envpool.py " + " ".join(sys.argv[1:]),
+            "replicas": args.replicas, "rounds": args.rounds, "rows": table}, indent=2))
 
 
 if __name__ == "__main__":

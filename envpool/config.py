@@ -29,6 +29,12 @@ class EnvConfig(BaseModel):
     resources: CustomResources = Field(
         default_factory=dict, description="Custom Ray resources per env actor, e.g. "
         "{\"env_node\": 0.1}: env actors run only on nodes that offer them (placement by role).")
+    in_process: bool = Field(
+        False, description="Host the replicas in the process that uses the pool (the "
+        "generator) instead of Ray actors: no round trip per call, for cheap pure-Python envs "
+        "(BabyAI, TextCraft, Deep Search). Calls keep their timeout (a thread per actor slot), "
+        "but a hung env cannot be killed, only abandoned, and a crashing one takes the "
+        "generator with it: keep Ray actors (the default) for JVMs, browsers and servers.")
     colocate: bool = Field(
         True, description="Start the env actors on the node of the process that uses the pool "
         "(the generator), where it has room: env steps stay off the network. Soft: with no "

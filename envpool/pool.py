@@ -3,7 +3,9 @@
 `EnvWorker` is a plain class (unit-testable without Ray) hosting several replicas; `EnvPool`
 spreads replicas over `EnvWorker` actors and batches calls: one Ray call per actor per turn
 instead of one per replica. A dead or hung actor fails only the episodes it hosted (reported as
-`EnvError`, so the learner masks them out instead of scoring 0) and is replaced.
+`EnvError`, so the learner masks them out instead of scoring 0) and is replaced. With
+`env.in_process` the same EnvWorkers live in the pool's own process and are called on a thread
+per worker, under the same deadline: no Ray round trip, for cheap pure-Python envs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +139,8 @@ class EnvPool:
     def __init__(self, cfg: EnvConfig, *, name: str = "envpool") -> None:
         self.cfg = cfg
         self.name = name
-        self._actors: list[Any] | None = None
+        self._actors: list[Any] | None = None  # Ray actors, or EnvWorkers with `in_process`
+        self._threads: ThreadPoolExecutor | None = None  # in_process: the calls' deadlines
         self.epochs = [0] * cfg.num_actors
         self.restarts = 0
         # Client-side pool metrics: calls and their latency, failures by kind.
@@ -155,6 +160,9 @@ class EnvPool:
         return self.cfg.num_actors * self.cfg.replicas_per_actor
 
     def _spawn(self) -> Any:
+        if self.cfg.in_process:
+            return EnvWorker(self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
+                             self.cfg.recycle_every_episodes)
         import ray
 
         remote = ray.remote(num_cpus=self.cfg.num_cpus_per_actor,
@@ -168,9 +176,29 @@ class EnvPool:
                              self.cfg.recycle_every_episodes)
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
+        actors = self.actors  # in_process: built on the spot, nothing to wait for
+        if not self.cfg.in_process:
+            import ray
+
+            ray.get([a.ready.remote() for a in actors], timeout=timeout_s)
+
+    def node_ips(self) -> list[str]:
+        """The node each env actor runs on (in_process: this process's)."""
         import ray
 
-        ray.get([a.ready.remote() for a in self.actors], timeout=timeout_s)
+        if self.cfg.in_process:
+            return [node_ip()] * len(self.actors)
+        return ray.get([a.node_ip.remote() for a in self.actors])
+
+    def close(self) -> None:
+        """Close every replica (the actors' processes end with their handles)."""
+        for a in self.actors:
+            if self.cfg.in_process:
+                a.close()
+            else:
+                a.close.remote()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
     def acquire(self, n: int) -> list[Slot]:
         if n > len(self._free):
@@ -213,17 +241,19 @@ class EnvPool:
                 results[i] = EnvError("env_error", "replica lost: its actor was restarted")
             else:
                 by_actor.setdefault(s.actor, []).append(i)
-        refs = {a: getattr(self.actors[a], method).remote([items[i] for i in idx])
-                for a, idx in by_actor.items()}
+        calls = {a: self._submit(a, method, [items[i] for i in idx])
+                 for a, idx in by_actor.items()}
         deadline = time.monotonic() + self.cfg.call_timeout_s
-        for a, ref in refs.items():
+        for a, call in calls.items():
             try:
-                got = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-            except ray.exceptions.GetTimeoutError:
+                got = self._result(call, max(0.0, deadline - time.monotonic()))
+            except (ray.exceptions.GetTimeoutError, FutureTimeout):
                 got = [EnvError("timeout", f"{method} exceeded {self.cfg.call_timeout_s}s")] * len(
                     by_actor[a])
                 self._restart(a, kill=True)
-            except ray.exceptions.RayActorError as exc:
+            except Exception as exc:  # the actor died, or an in-process worker raised
+                if not self.cfg.in_process and not isinstance(exc, ray.exceptions.RayActorError):
+                    raise
                 got = [EnvError("env_error", f"env actor died: {type(exc).__name__}")] * len(
                     by_actor[a])
                 self._restart(a, kill=False)
@@ -236,10 +266,29 @@ class EnvPool:
                 self.errors[r.kind] = self.errors.get(r.kind, 0) + 1
         return results
 
+    def _submit(self, actor: int, method: str, batch: list[tuple]) -> Any:
+        """Start one batched call: a Ray ref, or a future on the in-process thread pool."""
+        if not self.cfg.in_process:
+            return getattr(self.actors[actor], method).remote(batch)
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(self.cfg.num_actors, thread_name_prefix=self.name)
+        return self._threads.submit(getattr(self.actors[actor], method), batch)
+
+    def _result(self, call: Any, timeout: float) -> Any:
+        import ray
+
+        return call.result(timeout=timeout) if self.cfg.in_process else ray.get(
+            call, timeout=timeout)
+
     def _restart(self, actor: int, *, kill: bool) -> None:
         import ray
 
-        if kill:
+        if kill and self.cfg.in_process:
+            # A hung in-process env cannot be killed: its thread is abandoned (a fresh pool
+            # takes the next calls) and the replicas rebuilt.
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None
+        elif kill:
             ray.kill(self.actors[actor], no_restart=True)
         self.actors[actor] = self._spawn()
         self.epochs[actor] += 1
@@ -251,6 +300,8 @@ class EnvPool:
         Returns how many were replaced. Call it only while no slot is lent out."""
         import ray
 
+        if self.cfg.in_process:
+            return 0  # the replicas live in this process: alive as long as it is
         refs = [a.ready.remote() for a in self.actors]
         replaced = 0
         deadline = time.monotonic() + (timeout_s or self.cfg.call_timeout_s)
@@ -266,6 +317,8 @@ class EnvPool:
         import ray
 
         out: list[dict[str, Any] | str] = []
+        if self.cfg.in_process:
+            return [a.health() for a in self.actors]
         for a in self.actors:
             try:
                 out.append(ray.get(a.health.remote(), timeout=self.cfg.call_timeout_s))
