@@ -64,8 +64,49 @@ def wait_until_fits(cfg: RunConfig, *, poll_s: float = 10.0) -> None:
         time.sleep(min(poll_s, left))
 
 
+def place_on_nodes(plan: list[tuple[str, int, dict[str, float]]],
+                   nodes: dict[str, dict[str, float]]
+                   ) -> tuple[dict[str, Counter[str]], list[str]]:
+    """Where each actor of `plan` could go on `nodes` ({node: its resources}): first fit, the
+    largest requests first, as a packing scheduler would. Returns {node: Counter(role)} and
+    the roles that fit on no node (a request must fit one node whole, so totals that suffice
+    can still leave some out)."""
+    free = {node: dict(res) for node, res in nodes.items()}
+    # Roles that reserve nothing (the curriculum, on the driver's node) take no room anywhere.
+    actors = sorted(((role, res) for role, n, res in plan if res for _ in range(n)),
+                    key=lambda a: (a[1].get("GPU", 0.0), len(a[1]), a[1].get("CPU", 0.0)),
+                    reverse=True)
+    placed: dict[str, Counter[str]] = {node: Counter() for node in nodes}
+    unplaced = []
+    for role, res in actors:
+        node = next((n for n, have in free.items()
+                     if all(have.get(k, 0.0) + 1e-9 >= v for k, v in res.items())), None)
+        if node is None:
+            unplaced.append(role)
+            continue
+        for k, v in res.items():
+            free[node][k] = free[node].get(k, 0.0) - v
+        placed[node][role] += 1
+    return placed, unplaced
+
+
+def live_nodes() -> dict[str, dict[str, float]]:
+    """{node IP: its total resources} of the alive nodes of the connected cluster."""
+    import ray
+
+    return {n["NodeManagerAddress"]: {k: v for k, v in n["Resources"].items()
+                                      if not k.startswith("node:")}
+            for n in ray.nodes() if n.get("Alive")}
+
+
 def cluster_resources(cfg: RunConfig) -> tuple[str, dict[str, float]]:
     """What the run would get: a connected cluster's totals, or the local Ray it would start."""
+    where, have, _ = _cluster(cfg)
+    return where, have
+
+
+def _cluster(cfg: RunConfig) -> tuple[str, dict[str, float], dict[str, dict[str, float]]]:
+    """(where, total resources, per-node resources; {} without a live cluster)."""
     import os
 
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
@@ -74,13 +115,13 @@ def cluster_resources(cfg: RunConfig) -> tuple[str, dict[str, float]]:
 
         ray.init(address=address, log_to_driver=False)
         try:
-            return f"Ray cluster at {address}", dict(ray.cluster_resources())
+            return f"Ray cluster at {address}", dict(ray.cluster_resources()), live_nodes()
         finally:
             ray.shutdown()
     import torch
 
     return "a local Ray on 127.0.0.1", {"CPU": float(cfg.ray.num_cpus),
-                                        "GPU": float(torch.cuda.device_count())}
+                                        "GPU": float(torch.cuda.device_count())}, {}
 
 
 def model_shape(cfg: RunConfig):
@@ -127,6 +168,20 @@ def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
     return fits
 
 
+def print_per_node(plan: list[tuple[str, int, dict[str, float]]],
+                   nodes: dict[str, dict[str, float]]) -> bool:
+    """Print where the actors could go on a live cluster's nodes; False when some fit none."""
+    placed, unplaced = place_on_nodes(plan, nodes)
+    print("per node (first fit, largest requests first):")
+    for node, roles in placed.items():
+        what = ", ".join(f"{n} x {role}" for role, n in roles.items()) or "nothing"
+        print(f"  {node}: {what}")
+    if unplaced:
+        print("does not fit on any one node: " + ", ".join(
+            f"{n} x {role}" for role, n in Counter(unplaced).items()))
+    return not unplaced
+
+
 def dry_run(cfg: RunConfig, gpu_gib: float | None = None,
             resources: dict[str, float] | None = None) -> int:
     """Print the plan; 0 when it fits, 2 with what is missing otherwise. `gpu_gib`: memory
@@ -134,9 +189,9 @@ def dry_run(cfg: RunConfig, gpu_gib: float | None = None,
     `resources`: the cluster the run is meant for (default: the one it would get here)."""
     plan = placement_plan(cfg)
     if resources is not None:
-        where, have = "the described cluster", resources
+        where, have, nodes = "the described cluster", resources, {}
     else:
-        where, have = cluster_resources(cfg)
+        where, have, nodes = _cluster(cfg)
     print(f"placement plan for {cfg.name!r} on {where}:")
     for role, n, res in plan:
         each = ", ".join(f"{v:g} {k}" for k, v in res.items()) or "no reserved resources"
@@ -152,6 +207,8 @@ def dry_run(cfg: RunConfig, gpu_gib: float | None = None,
     missing = shortfall(need, have, where=f"{where} has")
     if missing:
         print("does not fit: " + missing)
+        return 2
+    if nodes and not print_per_node(plan, nodes):
         return 2
     if not memory_fits:
         return 2

@@ -80,3 +80,17 @@ def test_the_cli_stops_with_exit_2_before_any_actor(cluster, tmp_path):
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "learner.ingest.host=127.0.0.1" in out.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_dry_run_prints_each_roles_node_on_the_live_cluster(cluster):
+    hosts, _, _ = cluster
+    out = hosts.run_on_a(
+        [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
+         "configs/multinode-local.yaml", f"ray.address={hosts.address}", "--dry-run"],
+        cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    a = next(x for x in lines if x.strip().startswith(f"{hosts.ips[0]}:"))
+    b = next(x for x in lines if x.strip().startswith(f"{hosts.ips[1]}:"))
+    assert "learner rank" in a and "generator" not in a
+    assert "generator" in b and "env actor" in b and "learner" not in b
