@@ -124,12 +124,17 @@ def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path, sto
     """Host B (generator and env actors) dies mid-run. No other node offers `rollout_node`, so
     the replacement generator cannot be placed: the run saves a checkpoint with the learner's
     latest weights, stops with exit 3 and says why, and the ledger reconciles with the lost
-    episodes counted."""
+    episodes counted. Each env step takes 20 ms more (the fault-injection env around BabyAI),
+    so a rollout lasts seconds and B is lost in the middle of one."""
+    (model,) = (storage / "models").iterdir()
+    slow = ("env.kwargs={env: babyai, env_kwargs: {level: BabyAI-GoToRedBall-v0, reward: "
+            "binary}, fault: sleep, at_step: 1, sleep_s: 0.02}")
     with TwoHosts(tmp_path, b_private=NODE_LOCAL) as hosts:
         run = hosts.popen_on(
             0, [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
                 "configs/multinode-local.yaml", *_args(hosts, storage), "iterations=40",
-                "checkpoint_every=3", "generator.restart_timeout_s=45"],
+                "checkpoint_every=3", "generator.restart_timeout_s=45", f"model.path={model}",
+                "env.name=faulty", slow],
             stdout=(tmp_path / "train.log").open("w"), cwd=ROOT,
             env={**TOKEN, "PYTHONUNBUFFERED": "1"})
         try:
@@ -137,7 +142,8 @@ def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path, sto
             while not list(storage.glob("runs/*/checkpoints/step_000003")):
                 assert run.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
                 assert time.monotonic() < deadline, "no checkpoint at step 3 within 900 s"
-                time.sleep(1)
+                time.sleep(0.5)
+            time.sleep(2.0)  # into the next rollout
             hosts.lose_host_b()
             rc = run.wait(timeout=600)
         finally:
@@ -154,9 +160,11 @@ def test_losing_the_rollout_host_stops_with_a_resumable_checkpoint(tmp_path, sto
     assert state["step"] == stopped_at
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(stopped_at))
-    # Episodes of a rollout in flight when B died count as generator_error; a death found at
-    # the weight push (between rollouts) loses none. Either way every id has its fate.
+    # Episodes of a rollout in flight when B died count as generator_error (a death found at
+    # the weight push, between rollouts, would lose none); every id has its fate.
     ledger = _ledger(run_dir)
     assert ledger["generated"] == ledger["trained"] + ledger["dropped_total"] > 0
+    if "died in step" in log:
+        assert ledger["generator_error_episodes"] == 64  # the whole rollout: 8 tasks x 8
     where = "the weight push" if "during the weight push" in log else "a rollout"
     print(f"node loss found at {where}: stopped at step {stopped_at}; ledger {ledger}")
