@@ -16,6 +16,9 @@ so the methods differ only in how the bytes travel:
   several generators (threads here, sharing one GIL) get from the same learner.
 - Ray: `ray.put` of each batch (encoded bytes, or the dataclasses pickled) handed to an actor
   that `ray.get`s and decodes it; one round trip per batch.
+Across two hosts (a generator on another node pushing to the ingest over a network link),
+raw TCP and gRPC are measured beside the same on one host by bench/transport_hosts.py (root:
+it builds the two hosts from network namespaces).
 Each method runs once on a few batches to warm up, then `--repeats` times, the methods taking
 turns so that load from elsewhere hits them alike; the best run counts. MB/s is protobuf bytes
 moved per second for every method (the pickled path moves more bytes than that).
