@@ -99,14 +99,10 @@ def live_nodes() -> dict[str, dict[str, float]]:
             for n in ray.nodes() if n.get("Alive")}
 
 
-def cluster_resources(cfg: RunConfig) -> tuple[str, dict[str, float]]:
-    """What the run would get: a connected cluster's totals, or the local Ray it would start."""
-    where, have, _ = _cluster(cfg)
-    return where, have
-
-
-def _cluster(cfg: RunConfig) -> tuple[str, dict[str, float], dict[str, dict[str, float]]]:
-    """(where, total resources, per-node resources; {} without a live cluster)."""
+def cluster_resources(cfg: RunConfig
+                      ) -> tuple[str, dict[str, float], dict[str, dict[str, float]]]:
+    """What the run would get: (where, total resources, per-node resources) of a connected
+    cluster, or of the local Ray it would start (no per-node view: {})."""
     import os
 
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
@@ -191,7 +187,7 @@ def dry_run(cfg: RunConfig, gpu_gib: float | None = None,
     if resources is not None:
         where, have, nodes = "the described cluster", resources, {}
     else:
-        where, have, nodes = _cluster(cfg)
+        where, have, nodes = cluster_resources(cfg)
     print(f"placement plan for {cfg.name!r} on {where}:")
     for role, n, res in plan:
         each = ", ".join(f"{v:g} {k}" for k, v in res.items()) or "no reserved resources"

@@ -244,6 +244,8 @@ class EnvPool:
         calls = {a: self._submit(a, method, [items[i] for i in idx])
                  for a, idx in by_actor.items()}
         deadline = time.monotonic() + self.cfg.call_timeout_s
+        # The actor died, or an in-process worker raised out of its per-replica guards.
+        died = Exception if self.cfg.in_process else ray.exceptions.RayActorError
         for a, call in calls.items():
             try:
                 got = self._result(call, max(0.0, deadline - time.monotonic()))
@@ -251,9 +253,7 @@ class EnvPool:
                 got = [EnvError("timeout", f"{method} exceeded {self.cfg.call_timeout_s}s")] * len(
                     by_actor[a])
                 self._restart(a, kill=True)
-            except Exception as exc:  # the actor died, or an in-process worker raised
-                if not self.cfg.in_process and not isinstance(exc, ray.exceptions.RayActorError):
-                    raise
+            except died as exc:
                 got = [EnvError("env_error", f"env actor died: {type(exc).__name__}")] * len(
                     by_actor[a])
                 self._restart(a, kill=False)
