@@ -57,6 +57,19 @@ class GeneratorConfig(BaseModel):
         "turn would not fit ends truncated (cut by the context); window: older turns leave "
         "the window first.",
     )
+    loop: Literal["lockstep", "independent"] = Field(
+        "lockstep", description="lockstep: one batched generate for every live episode, then "
+        "one batched env step, turn by turn; episodes beyond the env's replicas run in later "
+        "waves. independent: every episode is its own loop over vLLM's continuous batching: a "
+        "reply goes to its env at once, an env result back to the engine at once (env steps "
+        "run while others generate), a finished episode frees its replica for the next "
+        "(actors/episodes.py). Measured (docs/rollout.md): independent is faster where env "
+        "steps take real time (remote servers, with env.step_threads > 1), lockstep where "
+        "they are cheap local Python.")
+    max_episodes_in_flight: int = Field(
+        0, ge=0, description="independent: episodes started and not yet finished at once per "
+        "generator (0: as many as the env replicas allow); bounds the engine's batch and the "
+        "KV cache in use.")
     context: ContextConfig = Field(default_factory=ContextConfig,
                                    description="Full or window context per turn.")
     prefix_caching: bool = Field(

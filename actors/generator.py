@@ -1,8 +1,10 @@
-"""GeneratorActor: a vLLM engine driving many agent loops in lock-step, streaming to the learner.
+"""GeneratorActor: a vLLM engine driving many agent loops, streaming to the learner.
 
-Plain class (made remote at the edge by the driver). Each turn, every live episode's context goes
-to the engine in one batched `generate` call, the parsed actions go to the env pool in one call
-per env actor, and every episode that finished is pushed to the learner's ingest over gRPC.
+Plain class (made remote at the edge by the driver). By default every episode runs as its own
+loop over the engine's continuous batching (actors/episodes.py). With `generator.loop=lockstep`
+each turn sends every live episode's context to the engine in one batched `generate` call and
+the parsed actions to the env pool in one call per env actor. Either way every episode that
+finished is pushed to the learner's ingest over gRPC.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +81,7 @@ class GeneratorActor:
         self.env_horizons: dict[str, int] = {}
         self.horizon_version = -1
         self._context_warned = False
+        self._sends: list[Future] = []  # this rollout's pushes in flight
         self._weights_dir = tempfile.mkdtemp(prefix=f"horizonrl-{name}-weights-")
         for pool in self.pools.values():
             pool.wait_ready()
@@ -156,13 +160,22 @@ class GeneratorActor:
         version = self.policy_version
         for pool in self.pools.values():  # replace env actors that died since the last rollout
             pool.heal()
-        timing = {"generate": 0.0, "env": 0.0, "transport": 0.0}
+        timing = {"generate": 0.0, "env": 0.0, "transport": 0.0, "overlap": 0.0}
         counts = {"generated_tokens": 0, "env_steps": 0, "prompt_tokens": 0, "cached_tokens": 0}
         sent: list[str] = []
+        self._sends = []
         try:
-            for wave in self._waves(tasks, group_size):
-                sent += self._wave(wave, group_size, step, version, per_env, horizon, timing,
-                                   counts)
+            if self.cfg.loop == "independent":
+                sent = self._independent(tasks, group_size, step, version, per_env, horizon,
+                                         timing, counts)
+            else:
+                for wave in self._waves(tasks, group_size):
+                    sent += self._wave(wave, group_size, step, version, per_env, horizon,
+                                       timing, counts)
+            t0 = time.perf_counter()
+            for f in self._sends:  # pipelined pushes: a failed one fails the rollout
+                f.result()
+            timing["transport"] += time.perf_counter() - t0
         finally:
             if self.cfg.trim_heap:  # fragmentation, not a leak: see actors/heap.py
                 trim_heap()
@@ -198,19 +211,8 @@ class GeneratorActor:
               counts: dict[str, int]) -> list[str]:
         """One lock-step rollout of `tasks`, every episode holding a replica; returns the ids
         pushed."""
-        loops, meta = [], []
-        for task in tasks:
-            spec = self.specs[task.env or self.default_env]
-            for k in range(group_size):
-                loops.append(AgentLoop(
-                    chat=self.chat, system_prompt=spec.system_prompt,
-                    parse_action=spec.parse_action,
-                    horizon=per_env.get(task.env or self.default_env, horizon),
-                    max_context_tokens=self.cfg.max_context_tokens,
-                    max_tokens_per_turn=self.cfg.max_tokens_per_turn,
-                    keep_turns=self.cfg.context.keep_turns
-                    if self.cfg.context.mode == "window" else None))
-                meta.append((task, k))
+        meta = [(task, k) for task in tasks for k in range(group_size)]
+        loops = [self._new_loop(task, per_env, horizon) for task, _ in meta]
         envs = [task.env or self.default_env for task, _ in meta]
         slots: list[Any] = [None] * len(loops)
         sent: list[str] = []
@@ -239,6 +241,41 @@ class GeneratorActor:
         finally:
             for key, idx in _by_env(envs, range(len(loops))).items():
                 self.pools[key].release([slots[i] for i in idx if slots[i] is not None])
+        return sent
+
+    def _new_loop(self, task: Task, per_env: dict[str, int], horizon: int) -> AgentLoop:
+        key = task.env or self.default_env
+        spec = self.specs[key]
+        return AgentLoop(chat=self.chat, system_prompt=spec.system_prompt,
+                         parse_action=spec.parse_action, horizon=per_env.get(key, horizon),
+                         max_context_tokens=self.cfg.max_context_tokens,
+                         max_tokens_per_turn=self.cfg.max_tokens_per_turn,
+                         keep_turns=self.cfg.context.keep_turns
+                         if self.cfg.context.mode == "window" else None)
+
+    def _independent(self, tasks: Sequence[Task], group_size: int, step: int, version: int,
+                     per_env: dict[str, int], horizon: int, timing: dict[str, float],
+                     counts: dict[str, int]) -> list[str]:
+        """Every episode as its own loop (actors/episodes.py); each pushed as it finishes."""
+        from horizonrl.actors.episodes import Episode, IndependentEpisodes
+
+        meta = [(task, k) for task in tasks for k in range(group_size)]
+        episodes = [Episode(i, task.env or self.default_env, task.seed,
+                            self._new_loop(task, per_env, horizon))
+                    for i, (task, _) in enumerate(meta)]
+        loops = [ep.loop for ep in episodes]
+        sent: list[str] = []
+        runner = IndependentEpisodes(
+            self.engine, self.pools, max_tokens=self.cfg.max_tokens_per_turn,
+            temperature=self.cfg.temperature,
+            max_in_flight=self.cfg.max_episodes_in_flight or max(len(episodes), 1),
+            on_done=lambda eps: sent.extend(self._push(
+                loops, meta, [ep.index for ep in eps], step, version, timing)))
+        tally = runner.run(episodes)
+        for k in ("generate", "env", "overlap"):
+            timing[k] += getattr(tally, k)
+        for k in ("generated_tokens", "prompt_tokens", "cached_tokens", "env_steps"):
+            counts[k] += getattr(tally, k)
         return sent
 
     def _pool_call(self, method: str, envs: list[str], slots: list, idx: Sequence[int],
@@ -295,7 +332,7 @@ class GeneratorActor:
             print(f"[horizonrl] {self.name}: an episode ended because {errors[0]}; raise "
                   "generator.max_context_tokens or lower max_tokens_per_turn", flush=True)
         t0 = time.perf_counter()
-        self.sender.send(trajs)
+        self._sends.append(self.sender.send_async(trajs))  # rollout() waits for them
         timing["transport"] += time.perf_counter() - t0
         return [t.trajectory_id for t in trajs]
 

@@ -83,7 +83,9 @@ def child(config: str, variant: str, rollouts: int, horizon: int, overrides: lis
     from horizonrl.learner.ingest import TrajectoryIngest
     from horizonrl.protos.precision import bf16_native, engine_dtype
 
-    cfg = load_config(config, [*overrides, *VARIANTS[variant]])
+    # Lock-step: its batched generate calls are what the replay compares against bare vLLM
+    # (bench/rollout.py compares the loops).
+    cfg = load_config(config, [*overrides, "generator.loop=lockstep", *VARIANTS[variant]])
     g, caching = cfg.generator, cfg.generator.prefix_caching
     dtype = engine_dtype(g.dtype, native_bf16=bf16_native("cpu"))
     model = ensure_model(cfg.model, env=cfg.env)

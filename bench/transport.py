@@ -1,7 +1,8 @@
 """Trajectory transport throughput: the gRPC Push stream against Ray object references and a raw
 loopback TCP socket, for realistic multi-turn trajectories, as ratios in one run.
 
-    .venv/bin/python bench/transport.py [--trajectories 400] [--tokens 5000] [--batch 16]
+    .venv/bin/python bench/transport.py [--trajectories 400] [--tokens 5000] [--batch 16] \
+        [--out docs/transport.json]
 
 Every method moves the same trajectories (1k prompt tokens, the rest a 4-turn response with its
 mask and float32 logprobs) from this process (the generator) to another process (the learner),
@@ -11,9 +12,10 @@ so the methods differ only in how the bytes travel:
 - raw TCP: length-prefixed protobuf bytes over one loopback socket; no acks, no flow control, no
   retries: the ceiling.
 - gRPC: TrajectorySender -> TrajectoryIngest (a learner thread taking), with credits,
-  per-trajectory acks and dedup. `send` returns once the learner has stored the batch, so one
-  sender never overlaps its encoding with the learner's decoding; the 4-sender row shows what
-  several generators (threads here, sharing one GIL) get from the same learner.
+  per-trajectory acks and dedup. Pipelined as a generator pushes: `send_async` for every
+  batch, up to 2 on the wire at once, so the sender encodes the next batch while the learner
+  decodes the last; "one batch at a time" waits for each batch's acks (`send`); the 4-sender
+  row shows what several generators (threads here, sharing one GIL) get from one learner.
 - Ray: `ray.put` of each batch (encoded bytes, or the dataclasses pickled) handed to an actor
   that `ray.get`s and decodes it; one round trip per batch.
 Across two hosts (a generator on another node pushing to the ingest over a network link),
@@ -27,12 +29,15 @@ moved per second for every method (the pickled path moves more bytes than that).
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 
@@ -127,16 +132,24 @@ def _tcp_send(port: int, trajs: list[Trajectory], batch: int) -> None:
             conn.sendall(b"".join(struct.pack("!I", len(d)) + d for d in map(encode, b)))
 
 
-def _grpc_send(port: int, trajs: list[Trajectory], batch: int, senders: int = 1) -> None:
-    """`senders` threads (generators) share the batches, each with its own channel."""
+def _grpc_send(port: int, trajs: list[Trajectory], batch: int, senders: int = 1,
+               pipelined: bool = True) -> None:
+    """`senders` threads (generators) share the batches, each with its own channel. Pipelined
+    as a generator pushes (`send_async`, the sender's default 2 batches in flight), or one
+    batch at a time (`send` returns once the learner acked the batch)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from horizonrl.actors.transport import TrajectorySender
 
     def one(k: int) -> None:
         with TrajectorySender(f"127.0.0.1:{port}", deadline_s=120.0) as sender:
-            for b in batches(trajs, batch)[k::senders]:
-                sender.send(b)
+            mine = batches(trajs, batch)[k::senders]
+            if pipelined:
+                for f in [sender.send_async(b) for b in mine]:
+                    f.result()
+            else:
+                for b in mine:
+                    sender.send(b)
 
     with ThreadPoolExecutor(max_workers=senders) as pool:
         list(pool.map(one, range(senders)))
@@ -144,6 +157,10 @@ def _grpc_send(port: int, trajs: list[Trajectory], batch: int, senders: int = 1)
 
 def _grpc_send_4(port: int, trajs: list[Trajectory], batch: int) -> None:
     _grpc_send(port, trajs, batch, senders=4)
+
+
+def _grpc_send_serial(port: int, trajs: list[Trajectory], batch: int) -> None:
+    _grpc_send(port, trajs, batch, pipelined=False)
 
 
 class Receiver:
@@ -182,6 +199,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="trajectories per send")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per method (best kept)")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray methods")
+    ap.add_argument("--out", help="write the table as JSON here")
     args = ap.parse_args()
 
     trajs = make_trajectories(args.trajectories, args.tokens)
@@ -191,7 +209,9 @@ def main() -> None:
           f"encoded, batches of {k}, best of {args.repeats}", flush=True)
     methods: dict[str, Callable[[list[Trajectory], int], float]] = {
         "raw TCP, length-prefixed protobuf (ceiling)": across(_tcp_receiver, _tcp_send),
-        "gRPC Push stream (credits, acks, dedup)": across(_grpc_receiver, _grpc_send),
+        "gRPC Push stream (credits, acks, dedup), pipelined": across(_grpc_receiver,
+                                                                     _grpc_send),
+        "gRPC, one batch at a time": across(_grpc_receiver, _grpc_send_serial),
         "gRPC, 4 senders at once": across(_grpc_receiver, _grpc_send_4),
     }
     if not args.no_ray:
@@ -214,8 +234,17 @@ def main() -> None:
             print(f"[bench] round {r + 1}/{args.repeats} done", flush=True)
     base = n / best[next(iter(methods))]
     print("\n| method | trajectories/s | MB/s | vs raw TCP |\n|---|---|---|---|")
+    rows = {}
     for name, dt in best.items():
         print(f"| {name} | {n / dt:,.0f} | {mb / dt:,.1f} | {n / dt / base:.2f}x |")
+        rows[name] = {"trajectories_per_s": round(n / dt, 1), "mb_per_s": round(mb / dt, 2),
+                      "vs_raw_tcp": round(n / dt / base, 3)}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "command": " ".join(["python bench/transport.py", *sys.argv[1:]]),
+            "trajectories": n, "tokens": args.tokens, "batch": k, "repeats": args.repeats,
+            "kb_per_trajectory": round(mb / n * 1e3, 1), "methods": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

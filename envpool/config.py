@@ -35,6 +35,11 @@ class EnvConfig(BaseModel):
         "(BabyAI, TextCraft, Deep Search). Calls keep their timeout (a thread per actor slot), "
         "but a hung env cannot be killed, only abandoned, and a crashing one takes the "
         "generator with it: keep Ray actors (the default) for JVMs, browsers and servers.")
+    step_threads: int = Field(
+        1, ge=1, description="Threads per env actor that run its replicas' calls at the same "
+        "time (and concurrent calls into one actor): for envs whose steps wait on I/O (an "
+        "HTTP server, a browser, a JVM over a socket). Pure-Python envs gain nothing under "
+        "the GIL; 1 runs a batch's replicas one after another.")
     colocate: bool = Field(
         True, description="Start the env actors on the node of the process that uses the pool "
         "(the generator), where it has room: env steps stay off the network. Soft: with no "

@@ -4,8 +4,11 @@
                                  once_file: /tmp/drill-1}}
 
 `fault` is `exit` (the replica's whole process dies at once, as on OOM-kill or preemption),
-`raise` (the env raises, as a buggy env does) or `sleep` (the step hangs `sleep_s` seconds, as a
-stuck browser or JVM does). `at_step` counts steps over the process's lifetime. With `once_file`
+`raise` (the env raises, as a buggy env does), `sleep` (the step hangs `sleep_s` seconds, as a
+stuck browser or JVM does) or `latency` (every step waits `sleep_s` times a factor drawn
+uniformly from [1 - jitter, 1 + jitter], as a remote env server answers; each replica draws
+from its own generator, seeded by its creation order in the process; `at_step` is ignored).
+`at_step` counts steps over the process's lifetime. With `once_file`
 the fault fires once per drill: the file is created when it fires, and a replacement replica that
 finds it behaves normally. The registry hands the drill BabyAI's prompt and parser, so drills
 wrap BabyAI (the embedded default); the env itself can wrap any registered env.
@@ -13,7 +16,9 @@ wrap BabyAI (the embedded default); the env itself can wrap any registered env.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,7 @@ from horizonrl.envpool.babyai import SYSTEM_PROMPT, format_action, parse_action,
 from horizonrl.envpool.base import StepResult, TextEnv
 from horizonrl.envpool.registry import make_env
 
+_INSTANCES = itertools.count()  # seeds each replica's latency draws
 _STEPS = {"count": 0}  # per process: faults are about the process, not one replica
 
 
@@ -31,18 +37,25 @@ class FaultyEnv:
 
     def __init__(self, *, env: str, env_kwargs: dict[str, Any] | None = None,
                  fault: str = "exit", at_step: int = 1, once_file: str | None = None,
-                 sleep_s: float = 5.0) -> None:
-        if fault not in ("exit", "raise", "sleep"):
-            raise ValueError(f"fault must be exit, raise or sleep, got {fault!r}")
+                 sleep_s: float = 5.0, jitter: float = 0.0) -> None:
+        if fault not in ("exit", "raise", "sleep", "latency"):
+            raise ValueError(f"fault must be exit, raise, sleep or latency, got {fault!r}")
+        if not 0 <= jitter <= 1:
+            raise ValueError(f"jitter must be in [0, 1], got {jitter}")
         self.inner: TextEnv = make_env(env, **(env_kwargs or {}))
         self.fault, self.at_step, self.sleep_s = fault, at_step, sleep_s
         self.once_file = Path(once_file) if once_file else None
+        self.jitter = jitter
+        self._latency = random.Random(next(_INSTANCES))
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         return self.inner.reset(seed=seed, options=options)
 
     def step(self, action: str) -> StepResult:
+        if self.fault == "latency":
+            time.sleep(self.sleep_s * self._latency.uniform(1 - self.jitter, 1 + self.jitter))
+            return self.inner.step(action)
         _STEPS["count"] += 1
         if _STEPS["count"] >= self.at_step and self._arm():
             if self.fault == "exit":

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,18 @@ class EnvError:
 
     kind: str
     message: str
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """A submitted pool call: per actor its call (Ray ref or future), the positions it
+    answers and the actor's epoch when it went out."""
+
+    method: str
+    results: list[Any]
+    calls: dict[int, tuple[Any, list[int], int]]
+    deadline: float  # time.monotonic()
+    t_start: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +65,27 @@ class EnvWorker:
     """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], num_replicas: int,
-                 recycle_every: int = 0) -> None:
+                 recycle_every: int = 0, threads: int = 1) -> None:
         self.env_name, self.env_kwargs = env_name, dict(env_kwargs)
         self.envs = [make_env(env_name, **env_kwargs) for _ in range(num_replicas)]
         self.episodes = [0] * num_replicas  # since the replica was (re)built
         self.recycle_every = recycle_every
         self.stats = {"steps": 0, "resets": 0, "recycles": 0, "errors": 0, "step_seconds": 0.0}
+        # Replicas of one batch run side by side for I/O-bound envs (env.step_threads).
+        self._threads = ThreadPoolExecutor(threads) if threads > 1 else None
+        self._lock = threading.Lock()  # the counters, when calls run on several threads
+
+    def _each(self, fn: Any, items: Sequence[tuple]) -> list[Any]:
+        """`fn(replica, arg)` for every item, in order; on the worker's threads if it has them
+        (each replica is in at most one item: the pool lends a replica to one episode)."""
+        if self._threads is None or len(items) < 2:
+            return [fn(r, a) for r, a in items]
+        return list(self._threads.map(lambda item: fn(*item), items))
+
+    def _count(self, **add: float) -> None:
+        with self._lock:
+            for k, v in add.items():
+                self.stats[k] += v
 
     def ready(self) -> bool:
         return True
@@ -84,33 +113,34 @@ class EnvWorker:
                 self.envs[replica].close()
             self.envs[replica] = make_env(self.env_name, **self.env_kwargs)
             self.episodes[replica] = 0
-            self.stats["recycles"] += 1
+            self._count(recycles=1)
 
     def reset(self, items: Sequence[tuple[int, int]]) -> list[tuple[str, dict] | EnvError]:
-        out: list[tuple[str, dict] | EnvError] = []
-        for replica, seed in items:
+        def one(replica: int, seed: int) -> tuple[str, dict] | EnvError:
             try:
                 self._recycle_if_due(replica)
-                out.append(self.envs[replica].reset(seed=seed))
+                out = self.envs[replica].reset(seed=seed)
                 self.episodes[replica] += 1
-                self.stats["resets"] += 1
+                self._count(resets=1)
+                return out
             except Exception as exc:  # one broken replica must not fail the batch
-                self.stats["errors"] += 1
-                out.append(EnvError("env_error", f"reset failed: {exc!r}"))
-        return out
+                self._count(errors=1)
+                return EnvError("env_error", f"reset failed: {exc!r}")
+
+        return self._each(one, items)
 
     def step(self, items: Sequence[tuple[int, str]]) -> list[StepResult | EnvError]:
-        out: list[StepResult | EnvError] = []
-        t0 = time.perf_counter()
-        for replica, action in items:
+        def one(replica: int, action: str) -> StepResult | EnvError:
+            t0 = time.perf_counter()
             try:
-                out.append(self.envs[replica].step(action))
-                self.stats["steps"] += 1
+                out = self.envs[replica].step(action)
+                self._count(steps=1, step_seconds=time.perf_counter() - t0)
+                return out
             except Exception as exc:
-                self.stats["errors"] += 1
-                out.append(EnvError("env_error", f"step failed: {exc!r}"))
-        self.stats["step_seconds"] += time.perf_counter() - t0
-        return out
+                self._count(errors=1, step_seconds=time.perf_counter() - t0)
+                return EnvError("env_error", f"step failed: {exc!r}")
+
+        return self._each(one, items)
 
     def oracle(self, items: Sequence[tuple[int, None]]) -> list[str | EnvError]:
         """Each replica's scripted-agent action (`oracle_action()`), for tests and baselines."""
@@ -160,20 +190,23 @@ class EnvPool:
         return self.cfg.num_actors * self.cfg.replicas_per_actor
 
     def _spawn(self) -> Any:
+        args = (self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
+                self.cfg.recycle_every_episodes, self.cfg.step_threads)
         if self.cfg.in_process:
-            return EnvWorker(self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
-                             self.cfg.recycle_every_episodes)
+            return EnvWorker(*args)
         import ray
 
+        # step_threads > 1: a threaded actor, so calls from episodes running independently
+        # do not queue behind each other.
         remote = ray.remote(num_cpus=self.cfg.num_cpus_per_actor,
-                            resources=self.cfg.resources or None, max_restarts=0)(EnvWorker)
+                            resources=self.cfg.resources or None, max_restarts=0,
+                            max_concurrency=self.cfg.step_threads)(EnvWorker)
         if self.cfg.colocate:  # soft: another node where this one lacks room or resources
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             remote = remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=True))
-        return remote.remote(self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
-                             self.cfg.recycle_every_episodes)
+        return remote.remote(*args)
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         actors = self.actors  # in_process: built on the spot, nothing to wait for
@@ -207,6 +240,10 @@ class EnvPool:
         taken, self._free = self._free[:n], self._free[n:]
         return [Slot(a, r, self.epochs[a]) for a, r in taken]
 
+    def free_replicas(self) -> int:
+        """Replicas not lent out."""
+        return len(self._free)
+
     def release(self, slots: Sequence[Slot]) -> None:
         self._free.extend((s.actor, s.replica) for s in slots)
 
@@ -230,37 +267,72 @@ class EnvPool:
                 "call_latency_mean_s": self.call_seconds / max(n, 1)}
 
     def _call(self, method: str, slots: Sequence[Slot], items: list[tuple]) -> list[Any]:
-        """One remote call per actor; results in slot order; failures become EnvError."""
-        import ray
+        """One call per actor, waited for; results in slot order; failures become EnvError."""
+        return self.collect(self.submit(method, slots, items))
 
-        t_start = time.perf_counter()
-        results: list[Any] = [None] * len(slots)
+    def submit(self, method: str, slots: Sequence[Slot], items: list[tuple]) -> PendingCall:
+        """Start `method` (reset, step, oracle) on each slot's replica with its item (replica,
+        arg): one call per actor; `collect` waits for it. Episodes that run independently
+        keep several of these in flight."""
+        pending = PendingCall(method, [None] * len(slots), {},
+                              time.monotonic() + self.cfg.call_timeout_s, time.perf_counter())
         by_actor: dict[int, list[int]] = {}
         for i, s in enumerate(slots):
             if s.epoch != self.epochs[s.actor]:
-                results[i] = EnvError("env_error", "replica lost: its actor was restarted")
+                pending.results[i] = EnvError("env_error", "replica lost: its actor was restarted")
             else:
                 by_actor.setdefault(s.actor, []).append(i)
-        calls = {a: self._submit(a, method, [items[i] for i in idx])
-                 for a, idx in by_actor.items()}
-        deadline = time.monotonic() + self.cfg.call_timeout_s
+        for a, idx in by_actor.items():
+            pending.calls[a] = (self._submit(a, method, [items[i] for i in idx]), idx,
+                                self.epochs[a])
+        return pending
+
+    def ready(self, pendings: Sequence[PendingCall], wait_s: float = 0.0) -> list[bool]:
+        """`done` for several submitted calls at once (one `ray.wait` for all of them);
+        with `wait_s` > 0, first waits up to that long for any of them to be answered."""
+        calls = [c for p in pendings for c, _, _ in p.calls.values()]
+        if calls and wait_s > 0:
+            if self.cfg.in_process:
+                futures_wait(calls, timeout=wait_s, return_when=FIRST_COMPLETED)
+            else:
+                import ray
+
+                ray.wait(calls, num_returns=1, timeout=wait_s)
+        if not calls:
+            answered: set[int] = set()
+        elif self.cfg.in_process:
+            answered = {id(c) for c in calls if c.done()}
+        else:
+            import ray
+
+            answered = {id(c) for c in ray.wait(calls, num_returns=len(calls), timeout=0)[0]}
+        now = time.monotonic()
+        return [now >= p.deadline or all(id(c) in answered for c, _, _ in p.calls.values())
+                for p in pendings]
+
+    def collect(self, pending: PendingCall) -> list[Any]:
+        """The results of a submitted call, in slot order, waiting up to its deadline. A call
+        past it fails its episodes (timeout) and restarts the actor; a dead actor fails its
+        episodes (env_error) and is replaced, once, whichever call finds it."""
+        import ray
+
+        results = pending.results
         # The actor died, or an in-process worker raised out of its per-replica guards.
         died = Exception if self.cfg.in_process else ray.exceptions.RayActorError
-        for a, call in calls.items():
+        for a, (call, idx, epoch) in pending.calls.items():
             try:
-                got = self._result(call, max(0.0, deadline - time.monotonic()))
+                got = self._result(call, max(0.0, pending.deadline - time.monotonic()))
             except (ray.exceptions.GetTimeoutError, FutureTimeout):
-                got = [EnvError("timeout", f"{method} exceeded {self.cfg.call_timeout_s}s")] * len(
-                    by_actor[a])
-                self._restart(a, kill=True)
+                got = [EnvError("timeout", f"{pending.method} exceeded "
+                                f"{self.cfg.call_timeout_s}s")] * len(idx)
+                self._restart(a, kill=True, epoch=epoch)
             except died as exc:
-                got = [EnvError("env_error", f"env actor died: {type(exc).__name__}")] * len(
-                    by_actor[a])
-                self._restart(a, kill=False)
-            for i, r in zip(by_actor[a], got):
+                got = [EnvError("env_error", f"env actor died: {type(exc).__name__}")] * len(idx)
+                self._restart(a, kill=False, epoch=epoch)
+            for i, r in zip(idx, got):
                 results[i] = r
-        self.calls[method] += len(slots)
-        self.call_seconds += time.perf_counter() - t_start
+        self.calls[pending.method] += len(results)
+        self.call_seconds += time.perf_counter() - pending.t_start
         for r in results:
             if isinstance(r, EnvError):
                 self.errors[r.kind] = self.errors.get(r.kind, 0) + 1
@@ -271,7 +343,8 @@ class EnvPool:
         if not self.cfg.in_process:
             return getattr(self.actors[actor], method).remote(batch)
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(self.cfg.num_actors, thread_name_prefix=self.name)
+            self._threads = ThreadPoolExecutor(self.cfg.num_actors * self.cfg.step_threads,
+                                               thread_name_prefix=self.name)
         return self._threads.submit(getattr(self.actors[actor], method), batch)
 
     def _result(self, call: Any, timeout: float) -> Any:
@@ -280,13 +353,17 @@ class EnvPool:
         return call.result(timeout=timeout) if self.cfg.in_process else ray.get(
             call, timeout=timeout)
 
-    def _restart(self, actor: int, *, kill: bool) -> None:
+    def _restart(self, actor: int, *, kill: bool, epoch: int | None = None) -> None:
+        """Replace `actor`; with `epoch`, only if no other call has replaced it since."""
         import ray
 
+        if epoch is not None and epoch != self.epochs[actor]:
+            return
         if kill and self.cfg.in_process:
             # A hung in-process env cannot be killed: its thread is abandoned (a fresh pool
-            # takes the next calls) and the replicas rebuilt.
-            self._threads.shutdown(wait=False, cancel_futures=True)
+            # takes the next calls) and the replicas rebuilt. Calls already queued on the old
+            # pool still run there (or meet their own deadline).
+            self._threads.shutdown(wait=False)
             self._threads = None
         elif kill:
             ray.kill(self.actors[actor], no_restart=True)

@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
@@ -77,10 +78,10 @@ def from_proto(m: trajectory_pb2.Trajectory) -> Trajectory:
         env_name=m.env_name,
         policy_version=m.policy_version,
         horizon=m.horizon,
-        prompt_ids=tuple(m.prompt_ids),
-        response_ids=tuple(m.response_ids),
-        response_mask=tuple(m.response_mask),
-        response_logprobs=tuple(m.response_logprobs),
+        prompt_ids=_as_tuple(m.prompt_ids),
+        response_ids=_as_tuple(m.response_ids),
+        response_mask=_as_tuple(m.response_mask),
+        response_logprobs=_as_tuple(m.response_logprobs),
         rewards=tuple(m.rewards),
         reward=m.reward,
         num_turns=m.num_turns,
@@ -91,6 +92,13 @@ def from_proto(m: trajectory_pb2.Trajectory) -> Trajectory:
         info=_load_info(m.trajectory_id, m.info_json),
         turn_spans=_load_spans(m.trajectory_id, m.turn_spans),
     )
+
+
+def _as_tuple(repeated: Any) -> tuple:
+    """A long repeated scalar field as a tuple of Python numbers, through numpy: about twice
+    as fast as `tuple(repeated)`, which crosses into the protobuf runtime once per element.
+    Exact: int32 widens to int, and a float32 field's values are already doubles."""
+    return tuple(np.array(repeated).tolist()) if len(repeated) else ()
 
 
 def _load_spans(trajectory_id: str, flat: Any) -> tuple[tuple[int, int, int], ...]:

@@ -14,15 +14,19 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True, slots=True)
 class RolloutSeconds:
     """Where a rollout's wall time went, in seconds: the engine's generate calls, the env
-    steps (and resets), and pushing finished trajectories to the learner."""
+    steps (and resets) the rollout waited for, and pushing finished trajectories to the
+    learner. With episodes that run independently, env calls also run while the engine
+    generates for other episodes: `overlap` is that env time, hidden behind generation (not
+    counted in `env`)."""
 
     generate: float = 0.0
     env: float = 0.0
     transport: float = 0.0
+    overlap: float = 0.0
 
     def __add__(self, other: RolloutSeconds) -> RolloutSeconds:
         return RolloutSeconds(self.generate + other.generate, self.env + other.env,
-                              self.transport + other.transport)
+                              self.transport + other.transport, self.overlap + other.overlap)
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,3 +269,30 @@ def test_health_check_reports_serving(ingest: TrajectoryIngest) -> None:
     assert ingest.serving
     ingest.stop()
     assert not ingest.serving
+
+
+def test_request_bytes_are_what_serializing_the_message_gives():
+    """The sender builds batch requests from each trajectory's bytes on the wire format; the
+    bytes must equal the serialized PushRequest (long payloads: multi-byte lengths)."""
+    from horizonrl.actors.transport import _batch_request, _Item
+    from horizonrl.protos.codec import encode
+
+    for ts in ([make_trajectory(0)], [make_trajectory(i, prompt_len=300 * i) for i in range(5)]):
+        items = [_Item(t.trajectory_id, encode(t)) for t in ts]
+        assert _batch_request(items) == whole(*ts).SerializeToString()
+
+
+def test_pipelined_batches_merge_onto_streams_and_each_gets_its_own_counts(
+        ingest: TrajectoryIngest):
+    """Batches queued while a stream is busy ride together on the next one; each future
+    reports its own batch (stored vs duplicate), and nothing is stored twice."""
+    with TrajectorySender(ingest.address, deadline_s=10.0, max_inflight=1) as sender:
+        futures = [sender.send_async([make_trajectory(10 * b + k) for k in range(5)])
+                   for b in range(12)]
+        again = sender.send_async([make_trajectory(0), make_trajectory(999)])
+        results = [f.result(timeout=30) for f in futures]
+        assert all(r.received == 5 and r.duplicates == 0 for r in results)
+        assert again.result(timeout=30).received == 1 and again.result().duplicates == 1
+    stats = ingest.stats()
+    assert stats["received"] == 61 and stats["duplicates"] == 1
+    assert len(ingest.drain()) == 61
