@@ -156,6 +156,8 @@ class EnvWorker:
         for env in self.envs:
             with contextlib.suppress(Exception):
                 env.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
 
 
 class EnvPool:
