@@ -55,7 +55,7 @@ COUNTERS = {
 # Gauges also set per env (label env=<env label>) in multi-env runs.
 PER_ENV = ("reward_mean", "success_rate", "turns_mean", "truncation_at_horizon_rate",
            "invalid_action_rate", "repeated_action_rate")
-PHASES = ("generate", "env", "transport", "learn", "weight_sync", "iteration")
+PHASES = ("generate", "env", "overlap", "transport", "learn", "weight_sync", "iteration")
 
 
 def repeated_action_rate(trajs: Sequence[Trajectory]) -> float:
