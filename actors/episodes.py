@@ -116,7 +116,7 @@ class IndependentEpisodes:
         self._waiting: deque[Episode] = deque()
         self._running: dict[int, Episode] = {}
         self._requests: dict[str, Episode] = {}
-        self._calls: list[tuple[str, PendingCall, list[Episode]]] = []
+        self._calls: list[tuple[PendingCall, list[Episode]]] = []  # env calls in flight
         self._rid = 0
 
     def run(self, episodes: Sequence[Episode]) -> Tally:
@@ -189,12 +189,11 @@ class IndependentEpisodes:
         the actor serves calls side by side (`env.step_threads` > 1: slow, I/O-bound steps),
         so no episode waits for the slowest step of a batch."""
         pool = self.pools[key]
-        alone = pool.cfg.step_threads > 1
-        for part in ([[i] for i in range(len(eps))] if alone else [range(len(eps))]):
-            sub = [eps[i] for i in part]
-            call = pool.submit(method, [ep.slot for ep in sub],
-                               [(ep.slot.replica, args[i]) for ep, i in zip(sub, part)])
-            self._calls.append((method, call, sub))
+        pairs = list(zip(eps, args))
+        for part in [[p] for p in pairs] if pool.cfg.step_threads > 1 else [pairs]:
+            call = pool.submit(method, [ep.slot for ep, _ in part],
+                               [(ep.slot.replica, a) for ep, a in part])
+            self._calls.append((call, [ep for ep, _ in part]))
 
     def _wait_env(self) -> None:
         """Nothing to generate: wait until some env call is answered (or past its deadline)."""
@@ -206,7 +205,7 @@ class IndependentEpisodes:
 
     def _calls_by_pool(self) -> dict[str, list[PendingCall]]:
         by_pool: dict[str, list[PendingCall]] = {}
-        for _, call, eps in self._calls:
+        for call, eps in self._calls:
             by_pool.setdefault(eps[0].key, []).append(call)
         return by_pool
 
@@ -216,14 +215,14 @@ class IndependentEpisodes:
             answered |= {id(c) for c, ok in zip(calls, self.pools[key].ready(calls)) if ok}
         if not answered:
             return
-        done_calls = [c for c in self._calls if id(c[1]) in answered]
-        self._calls = [c for c in self._calls if id(c[1]) not in answered]
+        done_calls = [(c, eps) for c, eps in self._calls if id(c) in answered]
+        self._calls = [(c, eps) for c, eps in self._calls if id(c) not in answered]
         finished: list[Episode] = []
-        for method, call, eps in done_calls:
+        for call, eps in done_calls:
             for ep, result in zip(eps, self.pools[eps[0].key].collect(call)):
                 if isinstance(result, EnvError):
                     ep.loop.fail(Failure(result.kind))
-                elif method == "reset":
+                elif call.method == "reset":
                     ep.loop.start(result[0])
                 else:
                     ep.loop.add_env_result(result)

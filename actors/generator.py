@@ -1,10 +1,10 @@
 """GeneratorActor: a vLLM engine driving many agent loops, streaming to the learner.
 
-Plain class (made remote at the edge by the driver). By default every episode runs as its own
-loop over the engine's continuous batching (actors/episodes.py). With `generator.loop=lockstep`
+Plain class (made remote at the edge by the driver). By default (`generator.loop=lockstep`)
 each turn sends every live episode's context to the engine in one batched `generate` call and
-the parsed actions to the env pool in one call per env actor. Either way every episode that
-finished is pushed to the learner's ingest over gRPC.
+the parsed actions to the env pool in one call per env actor. With `generator.loop=independent`
+every episode runs as its own loop over the engine's continuous batching (actors/episodes.py).
+Either way every episode that finished is pushed to the learner's ingest over gRPC.
 """
 
 from __future__ import annotations
