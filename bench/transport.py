@@ -7,15 +7,17 @@ loopback TCP socket, for realistic multi-turn trajectories, as ratios in one run
 Every method moves the same trajectories (1k prompt tokens, the rest a 4-turn response with its
 mask and float32 logprobs) from this process (the generator) to another process (the learner),
 in batches of `--batch` (what a generator sends after one lock-step turn); the clock stops when
-the receiver holds them all as `Trajectory` dataclasses. Encoding and decoding count everywhere,
-so the methods differ only in how the bytes travel:
+the receiver holds them all as `Trajectory` dataclasses (every receiver keeps what it decoded
+until the end, as a learner does). Encoding and decoding count everywhere, so the methods
+differ only in how the bytes travel:
 - raw TCP: length-prefixed protobuf bytes over one loopback socket; no acks, no flow control, no
   retries: the ceiling.
 - gRPC: TrajectorySender -> TrajectoryIngest (a learner thread taking), with credits,
   per-trajectory acks and dedup. Pipelined as a generator pushes: `send_async` for every
-  batch, up to 2 on the wire at once, so the sender encodes the next batch while the learner
-  decodes the last; "one batch at a time" waits for each batch's acks (`send`); the 4-sender
-  row shows what several generators (threads here, sharing one GIL) get from one learner.
+  batch onto the sender's stream, which asks for credits ahead and settles batches as acks
+  arrive, so the sender encodes the next batch while the learner decodes the last; "one batch
+  at a time" waits for each batch's acks (`send`); the 4-sender row shows what several
+  generators (threads here, sharing one GIL) get from one learner.
 - Ray: `ray.put` of each batch (encoded bytes, or the dataclasses pickled) handed to an actor
   that `ray.get`s and decodes it; one round trip per batch.
 Across two hosts (a generator on another node pushing to the ingest over a network link),
@@ -85,13 +87,12 @@ def _tcp_receiver(pipe: Connection, n: int, batch: int) -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         pipe.send(listener.getsockname()[1])
         conn, _ = listener.accept()
-        got = 0
+        held: list[Trajectory] = []  # kept, as every receiver keeps what it got
         with conn, conn.makefile("rb") as f:
-            while got < n:
+            while len(held) < n:
                 (size,) = struct.unpack("!I", f.read(4))
-                decode(f.read(size))
-                got += 1
-    pipe.send(got)
+                held.append(decode(f.read(size)))
+    pipe.send(len(held))
 
 
 def _grpc_receiver(pipe: Connection, n: int, batch: int) -> None:
@@ -99,10 +100,11 @@ def _grpc_receiver(pipe: Connection, n: int, batch: int) -> None:
 
     with TrajectoryIngest(port=0, capacity=256) as ingest:
         pipe.send(ingest.port)
-        got, deadline = 0, time.monotonic() + 300
-        while got < n and time.monotonic() < deadline:
-            got += len(ingest.take(min(batch, n - got), timeout=0.5))
-    pipe.send(got)
+        held: list[Trajectory] = []
+        deadline = time.monotonic() + 300
+        while len(held) < n and time.monotonic() < deadline:
+            held += ingest.take(min(batch, n - len(held)), timeout=0.5)
+    pipe.send(len(held))
 
 
 def across(receiver: Callable[[Connection, int, int], None],
@@ -166,11 +168,16 @@ def _grpc_send_serial(port: int, trajs: list[Trajectory], batch: int) -> None:
 class Receiver:
     """Ray actor: gets a batch through the object store and rebuilds the dataclasses."""
 
+    def __init__(self) -> None:
+        self.held: list[Trajectory] = []  # kept, as every receiver keeps what it got
+
     def receive_bytes(self, batch: list[bytes]) -> int:
-        return len([decode(b) for b in batch])
+        self.held += [decode(b) for b in batch]
+        return len(batch)
 
     def receive_dataclasses(self, batch: list[Trajectory]) -> int:
-        return len(batch)  # Ray unpickled them already
+        self.held += batch  # Ray unpickled them already
+        return len(batch)
 
 
 def ray_objects(trajs: list[Trajectory], batch: int, *, as_bytes: bool) -> float:

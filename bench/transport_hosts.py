@@ -8,8 +8,9 @@ The receiver always runs on host A, the sender on host A (over A's loopback: the
 or on host B (over the veth: the cross-host rows, as a generator on another node pushes to the
 ingest). Both are separate processes started in their namespace; the sender builds the same
 trajectories as bench/transport.py before its clock starts, and stops it when the receiver
-holds every trajectory decoded: for raw TCP the receiver's one-byte reply after the last one,
-for gRPC the acks of the last batch (the ingest acks what it has stored). Encoding counts.
+holds every trajectory decoded (both keep what they decoded): for raw TCP the receiver's
+one-byte reply after the last one, for gRPC the acks of the last batch (the ingest acks what
+it has stored). Encoding counts.
 Both gRPC rows use a token, as an ingest off loopback must. The veth has no bandwidth or
 latency limit of its own, so the cross-host rows show what the kernel's network path between
 hosts costs over loopback, not what a physical network would add.
@@ -43,19 +44,20 @@ def serve(kind: str, host: str, n: int, batch: int) -> None:
         with socket.create_server((host, 0)) as listener:
             print(listener.getsockname()[1], flush=True)
             conn, _ = listener.accept()
+            held = []  # kept, as the ingest keeps what it stored until the learner takes it
             with conn, conn.makefile("rb") as f:
-                for _ in range(n):
+                while len(held) < n:
                     (size,) = struct.unpack("!I", f.read(4))
-                    decode(f.read(size))
+                    held.append(decode(f.read(size)))
                 conn.sendall(b"k")
         return
     from horizonrl.learner.ingest import TrajectoryIngest
 
     with TrajectoryIngest(host=host, port=0, capacity=256, auth_token=TOKEN) as ingest:
         print(ingest.port, flush=True)
-        got, deadline = 0, time.monotonic() + 300
-        while got < n and time.monotonic() < deadline:
-            got += len(ingest.take(min(batch, n - got), timeout=0.5))
+        held, deadline = [], time.monotonic() + 300
+        while len(held) < n and time.monotonic() < deadline:
+            held += ingest.take(min(batch, n - len(held)), timeout=0.5)
 
 
 def send(kind: str, address: str, n: int, tokens: int, batch: int) -> None:

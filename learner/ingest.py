@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
@@ -40,6 +41,7 @@ from google.protobuf.message import DecodeError
 from horizonrl.learner.ingest_guard import Health, TokenCheck, is_loopback, is_wildcard
 from horizonrl.learner.recent_ids import RecentIds
 from horizonrl.protos import health_pb2_grpc, trajectory_pb2
+from horizonrl.protos.batch_wire import split_batch
 from horizonrl.protos.codec import ChunkAssembler, ChunkError, decode, from_proto
 from horizonrl.protos.trajectory import Trajectory
 
@@ -65,6 +67,17 @@ class _Stream:
         self.closed = False
         self.assembler = ChunkAssembler()
         self.chunked_status: tuple[_Status, str] | None = None  # verdict on the set's 1st chunk
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """A trajectory whose credit was spent: `build` decodes it (None: not to be stored, for
+    the reason in `verdict`); `size` is its encoded bytes."""
+
+    trajectory_id: str
+    build: Callable[[], Trajectory] | None
+    size: int = 0
+    verdict: tuple[_Status, str] | None = None
 
 
 class TrajectoryIngest:
@@ -166,9 +179,9 @@ class TrajectoryIngest:
             interceptors=interceptors,
         )
         # Registered by hand rather than with the generated helper: its deserializer would turn
-        # undecodable bytes into INTERNAL; ours lets the handler answer INVALID_ARGUMENT.
+        # undecodable bytes into INTERNAL; the handler parses and answers INVALID_ARGUMENT.
         push = grpc.stream_stream_rpc_method_handler(
-            self._push, request_deserializer=_parse_request,
+            self._push, request_deserializer=None,  # bytes: batches are split, not parsed whole
             response_serializer=trajectory_pb2.PushResponse.SerializeToString)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE_NAME, {"Push": push}),))
@@ -251,43 +264,49 @@ class TrajectoryIngest:
 
     # ---- generator side (called from gRPC handler threads) ----------------------------------
 
-    def _push(self, requests: Iterator[trajectory_pb2.PushRequest],
+    def _push(self, requests: Iterator[bytes],
               context: grpc.ServicerContext) -> Iterator[trajectory_pb2.PushResponse]:
         stream = _Stream()
         # Whatever ends the stream (client gone, deadline, stop) returns its credits and wakes
         # it if it waits for space; the finally below does the same for a normal end.
         context.add_callback(lambda: self._close(stream))
-        acks: list[trajectory_pb2.Ack] = []  # at most one per credit granted: bounded
         try:
-            for request in requests:
+            for data in requests:
+                parts = split_batch(data)
+                if parts is not None:  # a batch as senders build it: no whole-message parse
+                    yield trajectory_pb2.PushResponse(acks=self._whole(stream, parts, context))
+                    continue
+                request = _parse_request(data)
                 kind = request.WhichOneof("kind")
                 if kind == "credit_request":
-                    if acks:  # before a grant that may wait for space
-                        yield trajectory_pb2.PushResponse(acks=acks)
-                        acks = []
                     grant = self._grant(stream, request.credit_request.want, context)
                     yield trajectory_pb2.PushResponse(grant=grant)
-                elif kind == "batch":
-                    acks += [self._whole(stream, m, context) for m in request.batch.trajectories]
+                    continue
+                if kind == "batch":
+                    acks = self._whole(stream, [m.SerializeToString()
+                                                for m in request.batch.trajectories], context)
                 elif kind == "chunk":
                     ack = self._chunk(stream, request.chunk, context)
-                    acks += [ack] if ack is not None else []
+                    acks = [ack] if ack is not None else []
                 else:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                   "empty or undecodable horizonrl.v1.PushRequest")
-            if acks:  # the sender half-closed: the rest of the acks
-                yield trajectory_pb2.PushResponse(acks=acks)
+                if acks:  # one response per message (up to 4 MB of them), not per trajectory
+                    yield trajectory_pb2.PushResponse(acks=acks)
         finally:
             self._close(stream)
 
     def _grant(self, stream: _Stream, want: int,
                context: grpc.ServicerContext) -> trajectory_pb2.CreditGrant:
-        """Reserve up to `want` free slots for `stream`, waiting while there are none."""
+        """Reserve up to `want` free slots for `stream`, waiting while there are none, unless
+        the stream still holds credits: it asked ahead, and what it sends with them is behind
+        this request, so waiting could hold space that only this stream can free."""
         want = max(0, min(want, self._max_grant))
         deadline = time.monotonic() + self._credit_timeout_s
         waited = False
         with self._cond:
-            while want and self._capacity - len(self._buffer) - self._reserved <= 0:
+            while (want and stream.credits == 0
+                   and self._capacity - len(self._buffer) - self._reserved <= 0):
                 if not waited:
                     self._stats["credit_waits"] += 1
                     waited = True
@@ -299,7 +318,7 @@ class TrajectoryIngest:
                 self._cond.wait(remaining)
             if stream.closed:  # its reservations were returned already: reserve no more
                 context.abort(grpc.StatusCode.CANCELLED, "stream closed")
-            n = min(want, self._capacity - len(self._buffer) - self._reserved)
+            n = max(0, min(want, self._capacity - len(self._buffer) - self._reserved))
             self._reserved += n
             stream.credits += n
             stream.held += n
@@ -314,18 +333,25 @@ class TrajectoryIngest:
                           "trajectory sent without a credit: ask with a CreditRequest first")
         stream.credits -= 1
 
-    def _whole(self, stream: _Stream, message: trajectory_pb2.Trajectory,
-               context: grpc.ServicerContext) -> trajectory_pb2.Ack:
-        """Take one trajectory sent whole."""
+    def _whole(self, stream: _Stream, parts: list[bytes],
+               context: grpc.ServicerContext) -> list[trajectory_pb2.Ack]:
+        """Take the trajectories of one batch message (each sent whole, encoded)."""
         if stream.assembler.active is not None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"trajectory sent inside chunk set {stream.assembler.active!r}")
-        self._spend(stream, context)
-        size = message.ByteSize()
+        entries = []
+        for data in parts:
+            self._spend(stream, context)
+            m = trajectory_pb2.Trajectory()
+            try:
+                m.ParseFromString(data)
+            except DecodeError:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              "undecodable horizonrl.v1.Trajectory in a batch")
+            entries.append(_Entry(m.trajectory_id, partial(from_proto, m), len(data)))
         with self._cond:
-            self._stats["bytes"] += size
-        return self._resolve(stream, message.trajectory_id, partial(from_proto, message),
-                             size=size)
+            self._stats["bytes"] += sum(e.size for e in entries)
+        return self._resolve(stream, entries)
 
     def _chunk(self, stream: _Stream, chunk: trajectory_pb2.Chunk,
                context: grpc.ServicerContext) -> trajectory_pb2.Ack | None:
@@ -352,46 +378,55 @@ class TrajectoryIngest:
             return None
         if done.data is None:
             verdict = stream.chunked_status or (trajectory_pb2.ACK_REJECTED, "")
-            return self._resolve(stream, done.trajectory_id, None, verdict=verdict)
-        return self._resolve(stream, done.trajectory_id, partial(decode, done.data),
-                             size=len(done.data))
+            entry = _Entry(done.trajectory_id, None, verdict=verdict)
+        else:
+            entry = _Entry(done.trajectory_id, partial(decode, done.data), len(done.data))
+        return self._resolve(stream, [entry])[0]
 
-    def _resolve(self, stream: _Stream, trajectory_id: str,
-                 build: Callable[[], Trajectory] | None, *, size: int = 0,
-                 verdict: tuple[_Status, str] | None = None) -> trajectory_pb2.Ack:
-        """Settle one spent credit: store the trajectory `build` decodes (`size` encoded
-        bytes), or give the reason it is not stored (`verdict` when decided already)."""
-        trajectory, (status, detail) = None, verdict or (trajectory_pb2.ACK_DUPLICATE, "")
+    def _resolve(self, stream: _Stream, entries: list[_Entry]) -> list[trajectory_pb2.Ack]:
+        """Settle spent credits: store what each entry's `build` decodes, or give the reason
+        it is not stored. One message's entries share the locking and one wake-up of take()."""
         with self._cond:
-            known = trajectory_id in self._seen
-        if build is not None and not known:  # decode outside the lock; duplicates skip it
-            try:
-                trajectory = build()
-                if not trajectory.trajectory_id:  # dedup is keyed on it: no id, no exactly-once
-                    raise ValueError("empty trajectory_id")
-                status = trajectory_pb2.ACK_STORED
-            except (ValueError, TypeError) as e:
-                logger.warning("rejected malformed trajectory %r: %s", trajectory_id, e)
-                trajectory, status, detail = None, trajectory_pb2.ACK_REJECTED, str(e)
+            known = [e.trajectory_id in self._seen for e in entries]
+        decoded = [self._decode(e, k) for e, k in zip(entries, known)]  # outside the lock
         with self._cond:
             if stream.closed:
                 # Its reservations went back to the pool already, so storing could overfill
-                # the buffer; its sender never sees this ack and resends the trajectory.
-                return trajectory_pb2.Ack(trajectory_id=trajectory_id)
-            stream.held -= 1
-            self._reserved -= 1
-            # Checked again under the lock: another stream may have stored the same id.
-            if trajectory is not None and trajectory.trajectory_id in self._seen:
-                status, trajectory = trajectory_pb2.ACK_DUPLICATE, None
-            if trajectory is not None:
-                self._seen.add(trajectory.trajectory_id)
-                self._buffer.append((trajectory, size))
-                self._buffered_bytes += size
-                self._stats["queue_depth_peak"] = max(self._stats["queue_depth_peak"],
-                                                      len(self._buffer))
-            self._stats[_STAT_OF[status]] += 1
+                # the buffer; its sender never sees these acks and resends the trajectories.
+                return [trajectory_pb2.Ack(trajectory_id=e.trajectory_id) for e in entries]
+            acks = []
+            for e, (trajectory, status, detail) in zip(entries, decoded):
+                stream.held -= 1
+                self._reserved -= 1
+                # Checked again under the lock: another stream (or an earlier trajectory of
+                # this message) may have stored the same id.
+                if trajectory is not None and trajectory.trajectory_id in self._seen:
+                    status, trajectory = trajectory_pb2.ACK_DUPLICATE, None
+                if trajectory is not None:
+                    self._seen.add(trajectory.trajectory_id)
+                    self._buffer.append((trajectory, e.size))
+                    self._buffered_bytes += e.size
+                self._stats[_STAT_OF[status]] += 1
+                acks.append(trajectory_pb2.Ack(trajectory_id=e.trajectory_id, status=status,
+                                               detail=detail))
+            self._stats["queue_depth_peak"] = max(self._stats["queue_depth_peak"],
+                                                  len(self._buffer))
             self._cond.notify_all()  # wakes take(), and grant() if a credit came back
-        return trajectory_pb2.Ack(trajectory_id=trajectory_id, status=status, detail=detail)
+        return acks
+
+    @staticmethod
+    def _decode(entry: _Entry, known: bool) -> tuple[Trajectory | None, _Status, str]:
+        """The trajectory of `entry` and its verdict; duplicates are not decoded."""
+        if entry.build is None or known:
+            return None, *(entry.verdict or (trajectory_pb2.ACK_DUPLICATE, ""))
+        try:
+            trajectory = entry.build()
+            if not trajectory.trajectory_id:  # dedup is keyed on it: no id, no exactly-once
+                raise ValueError("empty trajectory_id")
+        except (ValueError, TypeError) as e:
+            logger.warning("rejected malformed trajectory %r: %s", entry.trajectory_id, e)
+            return None, trajectory_pb2.ACK_REJECTED, str(e)
+        return trajectory, trajectory_pb2.ACK_STORED, ""
 
     def _close(self, stream: _Stream) -> None:
         """Return the stream's reservations and drop its partial chunk set (idempotent)."""

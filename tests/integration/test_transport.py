@@ -273,13 +273,21 @@ def test_health_check_reports_serving(ingest: TrajectoryIngest) -> None:
 
 def test_request_bytes_are_what_serializing_the_message_gives():
     """The sender builds batch requests from each trajectory's bytes on the wire format; the
-    bytes must equal the serialized PushRequest (long payloads: multi-byte lengths)."""
-    from horizonrl.actors.transport import _batch_request, _Item
+    bytes must equal the serialized PushRequest (long payloads: multi-byte lengths), and the
+    ingest splits them back into exactly those trajectories."""
+    from horizonrl.protos.batch_wire import batch_request, split_batch
     from horizonrl.protos.codec import encode
 
     for ts in ([make_trajectory(0)], [make_trajectory(i, prompt_len=300 * i) for i in range(5)]):
-        items = [_Item(t.trajectory_id, encode(t)) for t in ts]
-        assert _batch_request(items) == whole(*ts).SerializeToString()
+        data = whole(*ts).SerializeToString()
+        assert batch_request(encode(t) for t in ts) == data
+        assert split_batch(data) == [encode(t) for t in ts]
+    # Anything else is left to the full parse: other kinds, cut or padded bytes, other fields.
+    data = whole(make_trajectory(1)).SerializeToString()
+    for other in (credits(3).SerializeToString(), data[:-1], data + b"\x00", b"", b"\x12\xff",
+                  trajectory_pb2.PushRequest(batch=trajectory_pb2.TrajectoryBatch()).
+                  SerializeToString() + credits(1).SerializeToString()):
+        assert split_batch(other) is None
 
 
 def test_pipelined_batches_merge_onto_streams_and_each_gets_its_own_counts(
