@@ -134,7 +134,9 @@ class TrajectorySender:
             return batch.future
         with self._queue_cond:
             self._queue.append(batch)
-            self._queue_cond.notify()
+            # All: a stream that has just ended may be among the waiters, and it leaves the
+            # batch for a worker, which must be awake to take it.
+            self._queue_cond.notify_all()
         return batch.future
 
     def _work(self) -> None:
@@ -159,8 +161,8 @@ class TrajectorySender:
             pull = None  # a retry resends; new batches go to a fresh stream
             try:
                 self._stream(stream)
-                error: BaseException | None = None
-            except grpc.RpcError as e:
+                error: Exception | None = None
+            except Exception as e:  # a broken stream (RpcError), or an ingest breaking protocol
                 error = e
             batches = stream.open_batches()
             if not batches:
@@ -168,7 +170,8 @@ class TrajectorySender:
             if error is None:
                 error = RuntimeError(f"ingest closed the stream with {len(batches)} batches "
                                      "unacknowledged")
-            elif self._retryable(error) and attempt < self._retries:
+            elif (isinstance(error, grpc.RpcError) and self._retryable(error)
+                  and attempt < self._retries):
                 time.sleep(self._backoff_s * 2**attempt)
                 continue
             break

@@ -254,6 +254,38 @@ def test_channel_closed_mid_batch_then_resent_ingests_exactly_once() -> None:
         assert ingest.stats()["received"] == 120 and ingest.stats()["duplicates"] == 40
 
 
+def test_an_ingest_that_acks_out_of_order_fails_the_batch_instead_of_hanging() -> None:
+    """A peer that breaks the protocol (here: it acks an id that was never sent) is not
+    horizonrl's ingest, so it is a small server of its own; the sender must fail the batch
+    with the reason, and keep serving later batches on a new stream."""
+    from concurrent import futures
+
+    def push(requests, context):
+        for data in requests:
+            request = trajectory_pb2.PushRequest.FromString(data)
+            if request.WhichOneof("kind") == "credit_request":
+                yield trajectory_pb2.PushResponse(
+                    grant=trajectory_pb2.CreditGrant(credits=request.credit_request.want))
+            else:
+                yield trajectory_pb2.PushResponse(acks=[trajectory_pb2.Ack(
+                    trajectory_id="never-sent", status=trajectory_pb2.ACK_STORED)])
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        SERVICE_NAME, {"Push": grpc.stream_stream_rpc_method_handler(
+            push, request_deserializer=None,
+            response_serializer=trajectory_pb2.PushResponse.SerializeToString)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with TrajectorySender(f"127.0.0.1:{port}", deadline_s=10.0) as sender:
+            for _ in range(2):
+                with pytest.raises(RuntimeError, match="out of order"):
+                    sender.send_async([make_trajectory(1)]).result(timeout=10)
+    finally:
+        server.stop(0)
+
+
 def test_health_check_reports_serving(ingest: TrajectoryIngest) -> None:
     with grpc.insecure_channel(ingest.address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
