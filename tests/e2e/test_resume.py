@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]  # the driver SIGKILL case
+pytestmark = [pytest.mark.integration, pytest.mark.chaos,  # the driver SIGKILL case
+              pytest.mark.slow]  # about a minute: with the other chaos cases, in CI's slow set
 ROOT = Path(__file__).resolve().parents[2]
 
 

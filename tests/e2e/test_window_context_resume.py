@@ -12,7 +12,8 @@ import pytest
 
 from horizonrl.protos.codec import from_json_line
 
-pytestmark = pytest.mark.integration
+# About a minute of async training, twice: in the slow set, which CI runs after the default.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
