@@ -93,6 +93,13 @@ class Item:
         return len(self.data)
 
 
+def take_queued(queue: deque[Batch]) -> list[Batch]:
+    """Empty `queue` (caller holds its lock): the batches in it not cancelled, now running."""
+    live = [b for b in queue if b.future.set_running_or_notify_cancel()]
+    queue.clear()
+    return live
+
+
 def _ask(want: int) -> bytes:
     return trajectory_pb2.PushRequest(
         credit_request=trajectory_pb2.CreditRequest(want=want)).SerializeToString()
@@ -131,9 +138,7 @@ class PushStream:
         with self._cond:
             if self._closed:
                 return False
-            live = [b for b in queue if b.future.set_running_or_notify_cancel()]
-            queue.clear()
-            self._adopt(live)
+            self._adopt(take_queued(queue))
             self._cond.notify_all()
             return True
 

@@ -27,7 +27,14 @@ from typing import Self
 
 import grpc
 
-from horizonrl.actors.push_stream import HEADROOM_BYTES, Batch, Item, PushResult, PushStream
+from horizonrl.actors.push_stream import (
+    HEADROOM_BYTES,
+    Batch,
+    Item,
+    PushResult,
+    PushStream,
+    take_queued,
+)
 from horizonrl.protos import trajectory_pb2
 from horizonrl.protos.codec import encode
 from horizonrl.protos.trajectory import Trajectory
@@ -147,8 +154,7 @@ class TrajectorySender:
                     self._queue_cond.wait()
                 if self._closed:
                     return
-                taken = [b for b in self._queue if b.future.set_running_or_notify_cancel()]
-                self._queue.clear()
+                taken = take_queued(self._queue)
             if taken:
                 self._deliver(taken)
 

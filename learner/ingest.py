@@ -28,21 +28,27 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from horizonrl.learner.ingest_guard import Health, TokenCheck, is_loopback, is_wildcard
+from horizonrl.learner.ingest_stream import (
+    STAT_OF,
+    Entry,
+    StreamState,
+    decode_entry,
+    parse_request,
+    parse_trajectory,
+)
 from horizonrl.learner.recent_ids import RecentIds
 from horizonrl.protos import health_pb2_grpc, trajectory_pb2
 from horizonrl.protos.batch_wire import split_batch
-from horizonrl.protos.codec import ChunkAssembler, ChunkError, decode, from_proto
+from horizonrl.protos.codec import ChunkError, decode, from_proto
 from horizonrl.protos.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -53,33 +59,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a 32k-token episode is ~0.3 MB: ample headroom
 DEFAULT_MAX_TRAJECTORY_BYTES = 64 * 1024 * 1024  # reassembly bound per stream
 SERVICE_NAME = trajectory_pb2.DESCRIPTOR.services_by_name["TrajectoryService"].full_name
-_Status = trajectory_pb2.AckStatus.ValueType
-_STAT_OF = {trajectory_pb2.ACK_STORED: "received", trajectory_pb2.ACK_DUPLICATE: "duplicates",
-            trajectory_pb2.ACK_REJECTED: "rejected"}
-
-
-class _Stream:
-    """Per-stream state: credits reserved for it and the chunk set it is sending."""
-
-    def __init__(self) -> None:
-        self.credits = 0  # granted and not spent yet
-        self.held = 0  # reservations: unspent credits + spent ones not yet resolved
-        self.closed = False
-        self.assembler = ChunkAssembler()
-        self.chunked_status: tuple[_Status, str] | None = None  # verdict on the set's 1st chunk
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    """A trajectory whose credit was spent: `build` decodes it (None: not to be stored, for
-    the reason in `verdict`); `size` is its encoded bytes."""
-
-    trajectory_id: str
-    build: Callable[[], Trajectory] | None
-    size: int = 0
-    verdict: tuple[_Status, str] | None = None
-
-
 class TrajectoryIngest:
     """gRPC server plus bounded, deduplicating buffer of trajectories. Thread-safe."""
 
@@ -266,7 +245,7 @@ class TrajectoryIngest:
 
     def _push(self, requests: Iterator[bytes],
               context: grpc.ServicerContext) -> Iterator[trajectory_pb2.PushResponse]:
-        stream = _Stream()
+        stream = StreamState()
         # Whatever ends the stream (client gone, deadline, stop) returns its credits and wakes
         # it if it waits for space; the finally below does the same for a normal end.
         context.add_callback(lambda: self._close(stream))
@@ -274,16 +253,17 @@ class TrajectoryIngest:
             for data in requests:
                 parts = split_batch(data)
                 if parts is not None:  # a batch as senders build it: no whole-message parse
-                    yield trajectory_pb2.PushResponse(acks=self._whole(stream, parts, context))
+                    messages = [(parse_trajectory(p, context), len(p)) for p in parts]
+                    yield trajectory_pb2.PushResponse(acks=self._whole(stream, messages, context))
                     continue
-                request = _parse_request(data)
+                request = parse_request(data)
                 kind = request.WhichOneof("kind")
                 if kind == "credit_request":
                     grant = self._grant(stream, request.credit_request.want, context)
                     yield trajectory_pb2.PushResponse(grant=grant)
                     continue
                 if kind == "batch":
-                    acks = self._whole(stream, [m.SerializeToString()
+                    acks = self._whole(stream, [(m, m.ByteSize())
                                                 for m in request.batch.trajectories], context)
                 elif kind == "chunk":
                     ack = self._chunk(stream, request.chunk, context)
@@ -296,7 +276,7 @@ class TrajectoryIngest:
         finally:
             self._close(stream)
 
-    def _grant(self, stream: _Stream, want: int,
+    def _grant(self, stream: StreamState, want: int,
                context: grpc.ServicerContext) -> trajectory_pb2.CreditGrant:
         """Reserve up to `want` free slots for `stream`, waiting while there are none, unless
         the stream still holds credits: it asked ahead, and what it sends with them is behind
@@ -326,34 +306,28 @@ class TrajectoryIngest:
                                           max_message_bytes=self._max_message_bytes,
                                           max_trajectory_bytes=self._max_trajectory_bytes)
 
-    def _spend(self, stream: _Stream, context: grpc.ServicerContext) -> None:
+    def _spend(self, stream: StreamState, context: grpc.ServicerContext) -> None:
         """Count one trajectory against the stream's credits; none left is a protocol error."""
         if stream.credits <= 0:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "trajectory sent without a credit: ask with a CreditRequest first")
         stream.credits -= 1
 
-    def _whole(self, stream: _Stream, parts: list[bytes],
+    def _whole(self, stream: StreamState, messages: list[tuple[trajectory_pb2.Trajectory, int]],
                context: grpc.ServicerContext) -> list[trajectory_pb2.Ack]:
-        """Take the trajectories of one batch message (each sent whole, encoded)."""
+        """Take the trajectories of one batch message (each sent whole; its encoded size)."""
         if stream.assembler.active is not None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"trajectory sent inside chunk set {stream.assembler.active!r}")
         entries = []
-        for data in parts:
+        for m, size in messages:
             self._spend(stream, context)
-            m = trajectory_pb2.Trajectory()
-            try:
-                m.ParseFromString(data)
-            except DecodeError:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              "undecodable horizonrl.v1.Trajectory in a batch")
-            entries.append(_Entry(m.trajectory_id, partial(from_proto, m), len(data)))
+            entries.append(Entry(m.trajectory_id, partial(from_proto, m), size))
         with self._cond:
             self._stats["bytes"] += sum(e.size for e in entries)
         return self._resolve(stream, entries)
 
-    def _chunk(self, stream: _Stream, chunk: trajectory_pb2.Chunk,
+    def _chunk(self, stream: StreamState, chunk: trajectory_pb2.Chunk,
                context: grpc.ServicerContext) -> trajectory_pb2.Ack | None:
         """Add one chunk; the trajectory's ack once its set is complete."""
         if chunk.index == 0 and stream.assembler.active is None:
@@ -378,17 +352,17 @@ class TrajectoryIngest:
             return None
         if done.data is None:
             verdict = stream.chunked_status or (trajectory_pb2.ACK_REJECTED, "")
-            entry = _Entry(done.trajectory_id, None, verdict=verdict)
+            entry = Entry(done.trajectory_id, None, verdict=verdict)
         else:
-            entry = _Entry(done.trajectory_id, partial(decode, done.data), len(done.data))
+            entry = Entry(done.trajectory_id, partial(decode, done.data), len(done.data))
         return self._resolve(stream, [entry])[0]
 
-    def _resolve(self, stream: _Stream, entries: list[_Entry]) -> list[trajectory_pb2.Ack]:
+    def _resolve(self, stream: StreamState, entries: list[Entry]) -> list[trajectory_pb2.Ack]:
         """Settle spent credits: store what each entry's `build` decodes, or give the reason
         it is not stored. One message's entries share the locking and one wake-up of take()."""
         with self._cond:
             known = [e.trajectory_id in self._seen for e in entries]
-        decoded = [self._decode(e, k) for e, k in zip(entries, known)]  # outside the lock
+        decoded = [decode_entry(e, k) for e, k in zip(entries, known)]  # outside the lock
         with self._cond:
             if stream.closed:
                 # Its reservations went back to the pool already, so storing could overfill
@@ -406,7 +380,7 @@ class TrajectoryIngest:
                     self._seen.add(trajectory.trajectory_id)
                     self._buffer.append((trajectory, e.size))
                     self._buffered_bytes += e.size
-                self._stats[_STAT_OF[status]] += 1
+                self._stats[STAT_OF[status]] += 1
                 acks.append(trajectory_pb2.Ack(trajectory_id=e.trajectory_id, status=status,
                                                detail=detail))
             self._stats["queue_depth_peak"] = max(self._stats["queue_depth_peak"],
@@ -414,21 +388,7 @@ class TrajectoryIngest:
             self._cond.notify_all()  # wakes take(), and grant() if a credit came back
         return acks
 
-    @staticmethod
-    def _decode(entry: _Entry, known: bool) -> tuple[Trajectory | None, _Status, str]:
-        """The trajectory of `entry` and its verdict; duplicates are not decoded."""
-        if entry.build is None or known:
-            return None, *(entry.verdict or (trajectory_pb2.ACK_DUPLICATE, ""))
-        try:
-            trajectory = entry.build()
-            if not trajectory.trajectory_id:  # dedup is keyed on it: no id, no exactly-once
-                raise ValueError("empty trajectory_id")
-        except (ValueError, TypeError) as e:
-            logger.warning("rejected malformed trajectory %r: %s", entry.trajectory_id, e)
-            return None, trajectory_pb2.ACK_REJECTED, str(e)
-        return trajectory, trajectory_pb2.ACK_STORED, ""
-
-    def _close(self, stream: _Stream) -> None:
+    def _close(self, stream: StreamState) -> None:
         """Return the stream's reservations and drop its partial chunk set (idempotent)."""
         with self._cond:
             if stream.closed:
@@ -442,10 +402,3 @@ class TrajectoryIngest:
 
     def __repr__(self) -> str:
         return f"TrajectoryIngest({self.address}, {self.stats()})"
-
-
-def _parse_request(data: bytes) -> trajectory_pb2.PushRequest:
-    try:
-        return trajectory_pb2.PushRequest.FromString(data)
-    except DecodeError:  # not None: gRPC itself would answer None with INTERNAL
-        return trajectory_pb2.PushRequest()  # empty: the handler answers INVALID_ARGUMENT
