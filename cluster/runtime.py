@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from horizonrl.cluster.config import RayConfig
+
+log = logging.getLogger(__name__)
 
 # Verified for Ray 2.60 on one machine (see shared FEASIBILITY notes): without the first, Ray
 # swaps 127.0.0.1 for the machine's network address. Local single-node runs only.
@@ -17,6 +20,37 @@ LOCAL_RAY_ENV = {
     "GLOO_SOCKET_IFNAME": "lo",
     "TOKENIZERS_PARALLELISM": "false",
 }
+# Ray waits a fixed 30 s for a new raylet to register with its GCS and then gives up with this
+# message. On a loaded 2-core machine that happens now and then (seen once in CI, right after a
+# test's training run had exited); a second start nearly always succeeds.
+STARTUP_TIMEOUT_TEXT = "timed out during startup"
+LOCAL_START_ATTEMPTS = 3
+
+
+def start_local(init: Callable[[], object], attempts: int = LOCAL_START_ATTEMPTS) -> None:
+    """Run `init` (a local `ray.init`), again after a startup timeout, up to `attempts` times.
+    The processes a failed attempt left behind (its GCS, raylet, reaper: children of this
+    process that were not there before) are killed by id before the next one."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, attempts + 1):
+        before = {p.pid for p in me.children(recursive=True)}
+        try:
+            init()
+            return
+        except Exception as exc:
+            if attempt == attempts or STARTUP_TIMEOUT_TEXT not in str(exc):
+                raise
+            stray = [p for p in me.children(recursive=True) if p.pid not in before]
+            log.warning("local Ray did not start (attempt %d of %d: %s); stopping its %d "
+                        "processes and starting again", attempt, attempts, exc, len(stray))
+            for proc in stray:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(stray, timeout=10)
 
 
 @contextmanager
@@ -29,8 +63,9 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
         ray.init(address=address, log_to_driver=True)
     else:
         os.environ.update(LOCAL_RAY_ENV)
-        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=True, runtime_env={"env_vars": LOCAL_RAY_ENV})
+        start_local(lambda: ray.init(
+            num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+            log_to_driver=True, runtime_env={"env_vars": LOCAL_RAY_ENV}))
     try:
         yield
     finally:
