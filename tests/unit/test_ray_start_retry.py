@@ -17,8 +17,8 @@ class FlakyInit:
     """Stands in for `ray.init`: each failing call first starts a child process, as a Ray start
     that got as far as its GCS would."""
 
-    def __init__(self, failures: int, message: str = f"The current node {STARTUP_TIMEOUT_TEXT}.")\
-            -> None:
+    def __init__(self, failures: int,
+                 message: str = f"The current node {STARTUP_TIMEOUT_TEXT}.") -> None:
         self.failures, self.message, self.calls, self.children = failures, message, 0, []
 
     def __call__(self) -> None:
