@@ -14,7 +14,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 
 .PHONY: install install-dev train test test-all test-chaos test-fuzz test-multinode protos lint clean \
-	check-gpu-deps
+	check-gpu-deps figures figures-check
 
 install: $(VENV)/.installed
 
@@ -73,6 +73,14 @@ test-multinode: install
 # Generated inputs against the env server, the gRPC ingest, the config loader.
 test-fuzz: install
 	$(PY) -m pytest -q -s -m fuzz tests
+
+# The results behind README.md and docs/: rerun every recorded command at the current code
+# (many hours on 2 cores; MATCH=text for a subset), or only check the links and the record.
+figures: install
+	$(PY) bench/figures.py --run $(if $(MATCH),--match "$(MATCH)")
+
+figures-check: install
+	$(PY) bench/figures.py --check
 
 protos: install
 	$(PY) -m horizonrl.protos.generate

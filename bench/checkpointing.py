@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from horizonrl.cluster.provenance import command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -88,7 +90,7 @@ def main() -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
-            "command": " ".join(["python bench/checkpointing.py", *sys.argv[1:]]),
+            "command": command_line(),
             "rows": rows, "summary": summary}, indent=1))
 
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({
-        "command": shlex.join(["python", "bench/context.py", *sys.argv[1:]]),
+        "command": command_line(),
         "model": str(path.name), "env": cfg.env.name, "env_kwargs": env_kwargs,
         "episodes": args.episodes, "repeats": args.repeats, "keep_turns": args.keep_turns,
         "max_context_tokens": cfg.generator.max_context_tokens,

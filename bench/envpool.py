@@ -24,6 +24,7 @@ from functools import partial
 import gymnasium as gym
 from gymnasium.spaces import Text
 
+from horizonrl.cluster.provenance import command_line
 from horizonrl.envpool.registry import env_spec, make_env
 
 ENVS = {"babyai": {"level": "BabyAI-GoToRedBall-v0"}, "textcraft": {}}
@@ -159,12 +160,11 @@ def main() -> None:
                       "vs_in_process": round(sps / base, 3)})
     if args.out:
         import json
-        import sys
         from pathlib import Path
 
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
-            "command": "python bench/envpool.py " + " ".join(sys.argv[1:]),
+            "command": command_line(),
             "replicas": args.replicas, "rounds": args.rounds, "rows": table}, indent=2))
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +74,7 @@ def main() -> None:
                   f"mean turns {s.mean_turns:.2f}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python bench/experts.py", *sys.argv[1:]]),
+    out.write_text(json.dumps({"command": command_line(),
                                "rows": rows}, indent=1) + "\n")
 
 

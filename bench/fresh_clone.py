@@ -19,10 +19,11 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 3600  # the whole `make train`
@@ -79,7 +80,7 @@ def main() -> None:
         clone = tmp / "horizonrl"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
         wall, began, run_dir = make_train(clone, tmp / "make-train.log")
-        result = {"command": " ".join(["python3 bench/fresh_clone.py", *sys.argv[1:]]),
+        result = {"command": command_line(python="python3"),
                   "commit": commit, "cpus": os.cpu_count(), "wall_seconds": round(wall, 1),
                   "install_seconds": round(began, 1) if began is not None else None,
                   **summarise(run_dir, tmp / "make-train.log")}

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from horizonrl.cluster.provenance import command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -159,7 +161,7 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python bench/generator.py", *sys.argv[1:]]),
+    out.write_text(json.dumps({"command": command_line(),
                                "rollouts": args.rollouts, "horizon": args.horizon,
                                "runs": runs, "repeats": every, "result": result},
                               indent=1) + "\n")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.actors.config import GeneratorConfig
+from horizonrl.cluster.provenance import command_line
 from horizonrl.learner.config import LearnerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,8 +259,8 @@ def main() -> int:
             summary[name] = "pass" if ok else "fail"
     print(json.dumps({"cuda_devices": gpus, "checks": summary}), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"cuda_devices": gpus, "checks": summary},
-                                              indent=1))
+        Path(args.json).write_text(json.dumps({"command": command_line(), "cuda_devices": gpus,
+                                               "checks": summary}, indent=1))
     return 1 if "fail" in summary.values() else 0
 
 

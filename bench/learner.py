@@ -42,7 +42,6 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -51,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from horizonrl.cluster.provenance import command_line
 from horizonrl.learner import algorithms as alg
 from horizonrl.learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
 from horizonrl.learner.config import LearnerConfig
@@ -345,7 +345,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "command": " ".join(["python bench/learner.py", *sys.argv[1:]]),
+            "command": command_line(),
             "load_average": [load_before, os.getloadavg()[0]],
             "rows": [dataclasses.asdict(r) for r in rows], "table": table(rows)}, indent=1))
 

@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from horizonrl.cluster.provenance import command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("base", "bc", "bc+rl")
 
@@ -141,7 +143,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python bench/long_horizon.py", *sys.argv[1:]])
+    command = command_line()
     per_seed: dict[int, dict] = {}
     for seed in args.seeds:
         if args.reuse_warm_start:

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from horizonrl.cluster.provenance import command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "fp32": ["learner.dtype=fp32", "generator.dtype=float32"],
@@ -82,7 +84,7 @@ def main() -> None:
         row["summary"] = summary(row["seeds"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
-        "command": " ".join(["python bench/precision.py", *sys.argv[1:]]),
+        "command": command_line(),
         "config": args.config, "runs": rows}, indent=1))
 
 

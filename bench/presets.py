@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,8 +89,7 @@ def main() -> None:
             del model
         rows[preset] = row
         print(preset, row, flush=True)
-    Path(args.out).write_text(json.dumps({"command": " ".join(["python bench/presets.py",
-                                                               *sys.argv[1:]]),
+    Path(args.out).write_text(json.dumps({"command": command_line(),
                                           "presets": rows}, indent=1) + "\n")
 
 

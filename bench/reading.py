@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +61,7 @@ def main() -> None:
         print(f"[reading] {variant}: {acc} (build {built:.0f}s)", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python bench/reading.py", *sys.argv[1:]]),
+    out.write_text(json.dumps({"command": command_line(),
                                "rows": rows}, indent=1))
 
 

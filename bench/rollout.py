@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from horizonrl.cluster.provenance import command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {  # config, horizon, injected step latency (s), overrides
     "babyai": ("configs/babyai-local.yaml", 5, None, []),
@@ -127,7 +129,7 @@ def main() -> None:
         print(case, json.dumps(result[case]), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python bench/rollout.py", *sys.argv[1:]]),
+    out.write_text(json.dumps({"command": command_line(),
                                "rollouts": args.rollouts, "runs": runs, "result": result},
                               indent=1) + "\n")
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 
 def summarise(run: Path, window: int) -> dict:
@@ -53,7 +54,7 @@ def main() -> None:
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if k != "env_success"}), flush=True)
     Path(args.out).write_text(json.dumps({
-        "command": " ".join(["python bench/run_summary.py", *sys.argv[1:]]),
+        "command": command_line(),
         "window": args.window, "runs": rows}, indent=1))
 
 

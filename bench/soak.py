@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from horizonrl.cluster.provenance import command_line
+
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("driver", "generator", "env actor", "jvm", "learner rank", "curriculum", "ray")
 
@@ -135,7 +137,8 @@ def report(samples: list[dict[str, float]], args: argparse.Namespace, out: Path)
             f"min (slopes after {args.warmup:.0f} min of warm-up), SciWorld recycled every "
             f"{args.recycle} episodes.\n\n" + "\n".join(md) + "\n")
     (out / "soak.md").write_text(text)
-    (out / "soak.json").write_text(json.dumps({"samples": samples, "rows": rows}, indent=1))
+    (out / "soak.json").write_text(json.dumps({"command": command_line(), "samples": samples,
+                                                "rows": rows}, indent=1))
     print("\n" + text)
     try:
         import matplotlib

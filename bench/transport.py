@@ -35,7 +35,6 @@ import json
 import multiprocessing as mp
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from horizonrl.cluster.provenance import command_line
 from horizonrl.protos.codec import decode, encode
 from horizonrl.protos.trajectory import Trajectory
 
@@ -249,7 +249,7 @@ def main() -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
-            "command": " ".join(["python bench/transport.py", *sys.argv[1:]]),
+            "command": command_line(),
             "trajectories": n, "tokens": args.tokens, "batch": k, "repeats": args.repeats,
             "kb_per_trajectory": round(mb / n * 1e3, 1), "methods": rows}, indent=1) + "\n")
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from transport import batches, make_trajectories
 from twohosts import TwoHosts, can_run
 
+from horizonrl.cluster.provenance import command_line
 from horizonrl.protos.codec import decode, encode
 
 TOKEN = "bench-transport-hosts"
@@ -141,7 +142,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "command": "python bench/transport_hosts.py " + " ".join(sys.argv[1:]),
+            "command": command_line(),
             "trajectories": n, "tokens": args.tokens, "batch": args.batch,
             "repeats": args.repeats, "rows": table}, indent=2))
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import long_horizon  # bench/long_horizon.py: a script's own folder is on sys.path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,8 +91,7 @@ def main() -> None:
         results[variant] = {"summary": summary, "per_seed": per_seed}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python bench/window_training.py",
-                                                    *sys.argv[1:]]),
+    out.write_text(json.dumps({"command": command_line(),
                                "config": args.config, "seeds": args.seeds,
                                "results": results}, indent=1) + "\n")
     print(f"wrote {out}", flush=True)

@@ -1,0 +1,189 @@
+"""The results behind README.md and docs/: list them, check the links to them, run them again.
+
+    .venv/bin/python bench/figures.py --list              # each results file and its command
+    .venv/bin/python bench/figures.py --check             # links resolve; who wrote what
+    .venv/bin/python bench/figures.py --run [--match S]   # rerun the recorded commands
+
+(`make figures`, `make figures-check`.) A results file is a committed JSON under docs/ that
+records the command that wrote it (`command`, or `commands` for a small set); files a command
+writes beside its results (eval reports, a build record) belong to the results file whose
+command names their folder. `--run` reruns every recorded command at the current code, in an order
+that writes training runs before the summaries that read them; a command whose inputs are gone
+(a run folder from an earlier session) is skipped and named. All of it takes many hours on 2
+cores; `--match` picks a subset by substring of the command or the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+"""A markdown link's target (anchors dropped)."""
+READS_RUNS = ("bench/run_summary.py",)
+"""Scripts that summarise training runs another command writes: they go last."""
+INPUT_FLAGS = ("--reuse-warm-start", "--model")
+"""Flags whose value is an input that must exist before the command can run."""
+
+
+@dataclass(frozen=True)
+class Result:
+    path: str              # relative to the checkout
+    commands: tuple[str, ...]
+
+
+def results_files(root: Path = ROOT) -> list[Result]:
+    """Every JSON under docs/ (tracked by git when root is a checkout), with its commands."""
+    found = []
+    for path in sorted(_docs_json(root)):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = None
+        cmds = ()
+        if isinstance(data, dict):
+            got = data.get("command") or data.get("commands") or ()
+            cmds = (got,) if isinstance(got, str) else tuple(c for c in got if isinstance(c, str))
+        found.append(Result(str(path.relative_to(root)), cmds))
+    return found
+
+
+def _docs_json(root: Path) -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files", "docs"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.split()
+        return [root / p for p in out if p.endswith(".json")]
+    except (OSError, subprocess.CalledProcessError):  # not a checkout: every file there
+        return list((root / "docs").rglob("*.json"))
+
+
+def owner(path: str, by_path: dict[str, Result]) -> str | None:
+    """The results file that accounts for `path`: itself when it records a command, else one
+    whose command names a folder that holds `path` (the `--out` of a benchmark that writes
+    eval reports or a build record beside its results)."""
+    if by_path[path].commands:
+        return path
+    for other, res in by_path.items():
+        for command in res.commands:
+            for arg in _split(command):
+                folder = arg.rstrip("/")
+                if folder.startswith("docs/") and path.startswith(folder + "/"):
+                    return other
+    return None
+
+
+def _split(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:  # an unbalanced quote in a hand-written command: plain words
+        return command.split()
+
+
+def broken_links(root: Path = ROOT) -> list[str]:
+    """`page: target` for each local link in README.md and docs/**/*.md that names no file."""
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    bad = []
+    for page in pages:
+        if not page.exists():
+            continue
+        for target in LINK.findall(page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                bad.append(f"{page.relative_to(root)}: {target}")
+    return bad
+
+
+def run_order(results: list[Result]) -> list[tuple[str, str]]:
+    """(command, results file) pairs, each command once, summaries of runs last."""
+    seen: dict[str, str] = {}
+    for r in results:
+        for c in r.commands:
+            seen.setdefault(c, r.path)
+    return sorted(seen.items(), key=lambda kv: any(s in kv[0] for s in READS_RUNS))
+
+
+def missing_inputs(argv: list[str], root: Path = ROOT) -> list[str]:
+    """Inputs named on the command line that are not there: run folders given to a summary,
+    the value of an input flag."""
+    gone = []
+    if any(s in argv[1:2] for s in READS_RUNS):
+        gone += [a for a in argv[2:] if a.startswith("runs/") and not (root / a).exists()]
+    for flag, value in itertools.pairwise(argv):
+        if flag in INPUT_FLAGS and value != "base" and not (root / value).exists():
+            gone.append(value)
+    return gone
+
+
+def run(pairs: list[tuple[str, str]], *, dry_run: bool, keep_going: bool) -> int:
+    failed = 0
+    for i, (command, path) in enumerate(pairs, 1):
+        argv = _split(command)
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        elif argv and argv[0] == "horizonrl":  # the CLI of this interpreter's install
+            argv[:1] = [sys.executable, "-m", "horizonrl.cluster.cli"]
+        gone = missing_inputs(argv)
+        head = f"[figures] {i}/{len(pairs)} {path}"
+        if gone:
+            print(f"{head}: skipped, inputs missing: {', '.join(gone)}", flush=True)
+            continue
+        print(f"{head}: {command}", flush=True)
+        if dry_run:
+            continue
+        t0 = time.perf_counter()
+        rc = subprocess.run(argv, cwd=ROOT).returncode
+        print(f"{head}: rc {rc} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if rc:
+            failed += 1
+            if not keep_going:
+                return rc
+    return 1 if failed else 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--list", action="store_true", help="each results file and its command")
+    what.add_argument("--check", action="store_true", help="links resolve; list the JSON no "
+                      "command accounts for")
+    what.add_argument("--run", action="store_true", help="rerun the recorded commands")
+    p.add_argument("--match", help="only commands or results files containing this text")
+    p.add_argument("--dry-run", action="store_true", help="with --run: print, do not run")
+    p.add_argument("--keep-going", action="store_true", help="with --run: go on after a failure")
+    args = p.parse_args()
+    results = results_files()
+    by_path = {r.path: r for r in results}
+    if args.list:
+        for r in results:
+            own = owner(r.path, by_path)
+            print(r.path, "::", " ;; ".join(r.commands) if r.commands else
+                  f"(written with {own})" if own else "(no recorded command)")
+        return
+    if args.check:
+        bad = broken_links()
+        orphans = [r.path for r in results if owner(r.path, by_path) is None]
+        for line in bad:
+            print(f"broken link: {line}")
+        for path in orphans:
+            print(f"no recorded command: {path}")
+        print(f"[figures] {len(results)} results files, {len(orphans)} without a recorded "
+              f"command; {len(bad)} broken links")
+        raise SystemExit(1 if bad else 0)
+    pairs = [(c, path) for c, path in run_order(results)
+             if not args.match or args.match in c or args.match in path]
+    raise SystemExit(run(pairs, dry_run=args.dry_run, keep_going=args.keep_going))
+
+
+if __name__ == "__main__":
+    main()

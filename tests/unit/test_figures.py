@@ -1,0 +1,68 @@
+"""The recorded command of a results file runs again as it was typed, and bench/figures.py finds
+who wrote what, broken links, and the order to rerun in."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import figures  # bench/figures.py (bench/ is on pytest's pythonpath)
+import pytest
+
+from horizonrl.cluster.provenance import ROOT, command_line
+
+DICT_ARG = "curriculum.env_weights={textcraft-d1: [3, 3], textcraft-d2: [1, 1]}"
+
+
+def test_command_line_keeps_each_argument_whole() -> None:
+    argv = [str(ROOT / "bench" / "long_horizon.py"), "--seeds", "0", "1", DICT_ARG, "a b"]
+    got = command_line(argv)
+    assert got.startswith("python bench/long_horizon.py ")
+    assert shlex.split(got) == ["python", "bench/long_horizon.py", *argv[1:]]
+
+
+def test_command_line_outside_the_checkout_keeps_the_path(tmp_path: Path) -> None:
+    script = str(tmp_path / "x.py")
+    assert shlex.split(command_line([script, "--k", "v"], python="python3")) == \
+        ["python3", script, "--k", "v"]
+
+
+def _tree(root: Path) -> None:
+    docs = root / "docs"
+    (docs / "exp" / "eval" / "seed0").mkdir(parents=True)
+    (docs / "exp" / "results.json").write_text(json.dumps(
+        {"command": shlex.join(["python", "bench/long_horizon.py", "--out", "docs/exp",
+                                DICT_ARG]), "x": 1}))
+    (docs / "exp" / "eval" / "seed0" / "results.json").write_text("{}")
+    (docs / "exp" / "training.json").write_text(json.dumps(
+        {"command": "python bench/run_summary.py runs/gone/seed0/r --out docs/exp/training.json"}))
+    (docs / "lonely.json").write_text(json.dumps({"rows": []}))
+    (docs / "page.md").write_text("[ok](exp/results.json), [bad](exp/missing.json), "
+                                  "[web](https://example.org/a.json), [anchor](page.md#top)")
+    (root / "README.md").write_text("[docs](docs/page.md) [gone](docs/nope.png)")
+
+
+def test_owners_links_and_order(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    results = figures.results_files(tmp_path)
+    by_path = {r.path: r for r in results}
+    assert figures.owner("docs/exp/eval/seed0/results.json", by_path) == "docs/exp/results.json"
+    assert figures.owner("docs/exp/training.json", by_path) == "docs/exp/training.json"
+    assert figures.owner("docs/lonely.json", by_path) is None
+    assert sorted(figures.broken_links(tmp_path)) == ["README.md: docs/nope.png",
+                                                       "docs/page.md: exp/missing.json"]
+    order = figures.run_order(results)
+    assert [p for _, p in order] == ["docs/exp/results.json", "docs/exp/training.json"]
+    # The recorded command splits back into the arguments it was run with.
+    assert DICT_ARG in figures._split(order[0][0])
+    summary = figures._split(order[1][0])
+    assert figures.missing_inputs(summary, tmp_path) == ["runs/gone/seed0/r"]
+    (tmp_path / "runs/gone/seed0/r").mkdir(parents=True)
+    assert figures.missing_inputs(summary, tmp_path) == []
+
+
+def test_the_docs_link_only_to_files_that_exist() -> None:
+    if not (ROOT / "docs").is_dir():
+        pytest.skip("no docs/ in this checkout")
+    assert figures.broken_links(ROOT) == []
