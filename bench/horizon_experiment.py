@@ -6,7 +6,8 @@
     .venv/bin/python bench/horizon_experiment.py --config configs/babyai-maze-bc-rl.yaml \
         --model runs/<run>/init/model --horizons 5 10 20 --eval-turns 20 --eval-tasks 100
 
-Writes runs/horizon-experiment__<time>/: every run's metrics, results.md (a table) and
+Writes runs/horizon-experiment__<time>/: every run's metrics, results.json (the command and,
+per schedule and seed, each step's figures), results.md (a table) and
 horizon_experiment.png (success and turns against step, mean over seeds, like the paper's
 Figure 7). Every run sees the same tasks per step and the same number of episodes.
 """
@@ -19,6 +20,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +152,9 @@ def main() -> None:
             for seed in args.seeds:
                 rows = run_one(name, table[name], seed, args.iterations, out, args)
                 results.setdefault(name, {})[seed] = rows
-                (out / "results.json").write_text(json.dumps(results, indent=1))
+                # The command beside the schedules, so the file says what wrote it.
+                (out / "results.json").write_text(json.dumps(
+                    {"command": command_line(), **results}, indent=1))
     print(summarise(results, out, args.iterations))
     plot(results, out / "horizon_experiment.png")
     print(f"wrote {out}/results.md and horizon_experiment.png")
