@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 
 # System tools (root on CI and dev machines): Prometheus for the dashboard test, a Java 17
 # runtime for SciWorld (scienceworld runs its game in a JVM), iproute2 for the two-host
-# network-namespace cluster of tests/multinode.
+# network-namespace cluster of tests/multinode, Chromium and its WebDriver for MiniWoB++.
 install-dev: install
 	command -v prometheus >/dev/null || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
@@ -28,6 +28,8 @@ install-dev: install
 	  apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless)
 	command -v ip >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends iproute2)
+	command -v chromedriver >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends chromium chromium-driver)
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -52,14 +54,15 @@ check-gpu-deps:
 train: install
 	$(VENV)/bin/horizonrl train --config configs/babyai-local.yaml
 
-test: install
+# The suite drives a JVM (SciWorld) and Chromium (MiniWoB++): install-dev brings them (as root).
+test: install-dev
 	$(PY) -m pytest -q -m "not slow" tests
 
-test-all: install
+test-all: install-dev
 	$(PY) -m pytest -q tests
 
 # Only the slow set (what `make test` leaves out); CI runs it after `make test`.
-test-slow: install
+test-slow: install-dev
 	$(PY) -m pytest -q -m slow tests
 
 # Faults injected into the real stack, each ending with a reconciled trajectory ledger.

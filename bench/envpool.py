@@ -1,8 +1,9 @@
 """Env pool throughput: the Ray `EnvPool` against an in-process loop over the same replicas and
-against gymnasium's `AsyncVectorEnv`, for BabyAI and TextCraft, as ratios in one run.
+against gymnasium's `AsyncVectorEnv`, for BabyAI and TextCraft, as ratios in one run; and for
+MiniWoB (a headless Chromium per replica) the steps/s per replica from 1 to N replicas.
 
     .venv/bin/python bench/envpool.py [--replicas 8] [--rounds 150] [--max-seconds 60]
-        [--out FILE]
+        [--envs babyai textcraft] [--scaling 1 2 4] [--out FILE]
 
 `env.in_process` pools host the same EnvWorkers in this process (no Ray round trip; a thread
 per worker carries the call deadline).
@@ -28,6 +29,8 @@ from horizonrl.cluster.provenance import command_line
 from horizonrl.envpool.registry import env_spec, make_env
 
 ENVS = {"babyai": {"level": "BabyAI-GoToRedBall-v0"}, "textcraft": {}}
+MINIWOB: dict = {}  # the env's default task set, a headless Chromium per replica
+SCALING_ROUNDS = 40  # browser steps take tens of ms: 40 rounds is seconds per row
 
 
 def in_process(env: str, kwargs: dict, n: int, rounds: int, max_s: float) -> float:
@@ -50,14 +53,15 @@ def in_process(env: str, kwargs: dict, n: int, rounds: int, max_s: float) -> flo
 
 
 def pool(env: str, kwargs: dict, n: int, rounds: int, max_s: float, actors: int,
-         in_process: bool = False) -> float:
+         in_process: bool = False, step_threads: int = 1) -> float:
     from horizonrl.envpool.config import EnvConfig
     from horizonrl.envpool.pool import EnvError, EnvPool
 
     spec, rng = env_spec(env), random.Random(0)
     p = EnvPool(EnvConfig(name=env, kwargs=kwargs, num_actors=actors,
                           replicas_per_actor=n // actors, num_cpus_per_actor=0.01,
-                          in_process=in_process), name=f"bench-{env}")
+                          in_process=in_process, step_threads=step_threads,
+                          call_timeout_s=300), name=f"bench-{env}")
     p.wait_ready()
     slots = p.acquire(n)
     infos = [info for _, info in p.reset(slots, list(range(n)))]
@@ -126,11 +130,30 @@ def async_vector(env: str, kwargs: dict, n: int, rounds: int, max_s: float) -> f
     return steps / dt
 
 
+def scaling(env: str, kwargs: dict, counts: list[int], rounds: int, max_s: float) -> list:
+    """Steps/s of a browser-backed env against its replica count: one replica per Ray actor
+    (each actor a process with its own browser) and one actor stepping its replicas on
+    threads (`env.step_threads`), each count against one replica in one actor."""
+    rows = []
+    for n in counts:
+        print(f"[bench] {env} scaling: {n} replica(s) x {rounds} rounds", flush=True)
+        rows.append((n, f"EnvPool, {n} Ray actor(s) x 1 replica",
+                     pool(env, kwargs, n, rounds, max_s, actors=n)))
+        if n > 1:
+            rows.append((n, f"EnvPool, 1 Ray actor x {n} replicas, step_threads={n}",
+                         pool(env, kwargs, n, rounds, max_s, actors=1, step_threads=n)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="cap per measurement")
+    ap.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS),
+                    help="envs of the method table")
+    ap.add_argument("--scaling", type=int, nargs="*", default=[1, 2, 4], metavar="N",
+                    help="replica counts of the MiniWoB scaling table (none: skip it)")
     ap.add_argument("--out", help="write the table and settings as JSON here")
     args = ap.parse_args()
 
@@ -139,8 +162,8 @@ def main() -> None:
 
     rows = []
     with ray_session(RayConfig(num_cpus=2)):
-        for env, kwargs in ENVS.items():
-            n, r, cap = args.replicas, args.rounds, args.max_seconds
+        for env in args.envs:
+            kwargs, n, r, cap = ENVS[env], args.replicas, args.rounds, args.max_seconds
             print(f"[bench] {env}: {n} replicas x {r} rounds", flush=True)
             base = in_process(env, kwargs, n, r, cap)
             rows.append((env, "in-process loop (baseline)", base))
@@ -151,6 +174,7 @@ def main() -> None:
                          pool(env, kwargs, n, r, cap, 1, in_process=True)))
             rows.append((env, f"gymnasium AsyncVectorEnv ({n} processes)",
                          async_vector(env, kwargs, n, r, cap)))
+        scale = scaling("miniwob", MINIWOB, args.scaling, SCALING_ROUNDS, args.max_seconds)
     print("\n| env | method | steps/s | vs in-process |\n|---|---|---|---|")
     table = []
     for env, method, sps in rows:
@@ -158,6 +182,15 @@ def main() -> None:
         print(f"| {env} | {method} | {sps:,.0f} | {sps / base:.2f}x |")
         table.append({"env": env, "method": method, "steps_per_s": round(sps, 1),
                       "vs_in_process": round(sps / base, 3)})
+    scale_table = []
+    if scale:
+        print("\n| miniwob replicas | method | steps/s | per replica | vs 1 replica |\n"
+              "|---|---|---|---|---|")
+    for n, method, sps in scale:
+        one = scale[0][2]
+        print(f"| {n} | {method} | {sps:.1f} | {sps / n:.1f} | {sps / one:.2f}x |")
+        scale_table.append({"replicas": n, "method": method, "steps_per_s": round(sps, 2),
+                            "per_replica": round(sps / n, 2), "vs_one": round(sps / one, 3)})
     if args.out:
         import json
         from pathlib import Path
@@ -165,7 +198,9 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
             "command": command_line(),
-            "replicas": args.replicas, "rounds": args.rounds, "rows": table}, indent=2))
+            "replicas": args.replicas, "rounds": args.rounds, "rows": table,
+            "miniwob": {"kwargs": MINIWOB, "rounds": SCALING_ROUNDS, "rows": scale_table}},
+            indent=2))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ _SPECS: dict[str, Callable[[], EnvSpec]] = {
     "babyai": _from_module("babyai", "horizonrl.envpool.babyai", "BabyAITextEnv"),
     "textcraft": _from_module("textcraft", "horizonrl.envpool.textcraft", "TextCraftEnv"),
     "sciworld": _from_module("sciworld", "horizonrl.envpool.sciworld", "SciWorldEnv"),
+    # MiniWoB++ web tasks, one headless Chromium per replica (envpool/miniwob.py).
+    "miniwob": _from_module("miniwob", "horizonrl.envpool.miniwob", "MiniWoBEnv"),
     "deepsearch": _from_module("deepsearch", "horizonrl.envpool.deepsearch", "DeepSearchEnv"),
     # Fault injection around an env, for chaos tests and drills (envpool/faults.py).
     "faulty": _from_module("faulty", "horizonrl.envpool.faults", "FaultyEnv"),
