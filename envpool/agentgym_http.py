@@ -52,7 +52,13 @@ from horizonrl.envpool.agentgym_dialects import (
     step_info,
     text_field,
 )
-from horizonrl.envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, utf8_safe
+from horizonrl.envpool.base import (
+    MAX_ACTION_CHARS,
+    StepResult,
+    parse_agentgym_action,
+    task_split,
+    utf8_safe,
+)
 
 __all__ = [
     "SYSTEM_PROMPT", "AgentGymConnectionError", "AgentGymEnvLostError", "AgentGymError",
@@ -117,16 +123,28 @@ class AgentGymHTTPEnv:
         id_key: str | None = None,
         reset_key: str | None = None,
         max_action_chars: int = MAX_WIRE_ACTION_CHARS,
+        num_tasks: int | None = None,
+        eval_tasks: int = 0,
         http_client: httpx.Client | None = None,
     ) -> None:
         """`server`: the server's dialect (see agentgym_dialects.DIALECTS: horizonrl, webarena,
         webshop, babyai, sciworld, textcraft). `id_key`, `reset_key`: how requests name the env
         id and the task index; they default to the dialect's (for `horizonrl`: the id key
         /create answers with, and `data_idx`), and a named dialect allows only its own.
+        `num_tasks`: how many tasks the server has (WebArena's 812 config files, WebShop's
+        goals); task seeds then map onto indices: the train split onto the first
+        `num_tasks - eval_tasks`, the eval split onto the last `eval_tasks`, each wrapping
+        round (base.task_split). None: the seed is sent as the index, as before.
         `http_client`: an httpx.Client to use instead of a new one (tests, auth, TLS); the env
         closes it in `close()`."""
         if timeout_s <= 0 or retries < 0 or backoff_s < 0:
             raise ValueError("timeout_s must be > 0, retries and backoff_s >= 0")
+        if num_tasks is not None and not 0 <= eval_tasks < num_tasks:
+            raise ValueError(f"eval_tasks must be in [0, num_tasks), got {eval_tasks} of "
+                             f"num_tasks={num_tasks}")
+        if num_tasks is None and eval_tasks:
+            raise ValueError("eval_tasks needs num_tasks (the server's task count)")
+        self.num_tasks, self.eval_tasks = num_tasks, eval_tasks
         self.dialect = dialect(server)
         if self.dialect.strict:
             for kwarg, value, own in (("id_key", id_key, self.dialect.id_key),
@@ -157,7 +175,7 @@ class AgentGymHTTPEnv:
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode on task index `seed` (None: 0), creating the env if needed.
         `options` reach `horizonrl env-server` only; AgentGym's servers take none."""
-        body: dict[str, Any] = {self.reset_key: 0 if seed is None else int(seed),
+        body: dict[str, Any] = {self.reset_key: self.task_index(seed),
                                 **dict(self.dialect.reset_fixed)}
         if options:
             if self.dialect.strict:
@@ -180,6 +198,18 @@ class AgentGymHTTPEnv:
         info = step_info(fields, ep, obs=obs, reward=reward, done=False)
         self._last = StepResult(obs, 0.0, False, False, info)
         return obs, info
+
+    def task_index(self, seed: int | None) -> int:
+        """The server's task index for a task seed (see `num_tasks`)."""
+        if self.num_tasks is None:
+            return 0 if seed is None else int(seed)
+        split, index = task_split(seed)
+        train = self.num_tasks - self.eval_tasks
+        if split == "eval":
+            if not self.eval_tasks:
+                raise ValueError(f"seed {seed} is an eval-split seed, but eval_tasks=0")
+            return train + index % self.eval_tasks
+        return index % train
 
     def step(self, action: str) -> StepResult:
         """Send one action. Any string is accepted: over-long ones are answered here as invalid

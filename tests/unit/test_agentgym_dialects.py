@@ -482,3 +482,29 @@ def test_agentgym_configs_name_their_dialect(config, server):
     env = AgentGymHTTPEnv(**cfg.env.kwargs)  # what the env pool builds from env.kwargs
     assert env.dialect.name == server
     env.close()
+
+
+def test_task_seeds_map_onto_the_servers_task_range(servers):
+    """WebArena's 812 tasks: train seeds wrap over the first 712, eval seeds over the last 100,
+    and the index reaches the server as its task key."""
+    env = AgentGymHTTPEnv("http://127.0.0.1:9", server="webarena", num_tasks=812,
+                          eval_tasks=100)
+    assert [env.task_index(s) for s in (0, 711, 712, 1_000_000, 1_000_099, 1_000_100)] == \
+        [0, 711, 0, 712, 811, 712]
+    assert env.task_index(2_000_005) == 5  # train-new seeds are training tasks too
+    env.close()
+    with pytest.raises(ValueError, match="eval_tasks"):
+        AgentGymHTTPEnv("http://127.0.0.1:9", num_tasks=10, eval_tasks=10)
+    with pytest.raises(ValueError, match="needs num_tasks"):
+        AgentGymHTTPEnv("http://127.0.0.1:9", eval_tasks=3)
+    no_eval = AgentGymHTTPEnv("http://127.0.0.1:9", num_tasks=10)
+    with pytest.raises(ValueError, match="eval-split seed"):
+        no_eval.task_index(1_000_000)
+    no_eval.close()
+    url, game = servers["webarena"]
+    with AgentGymHTTPEnv(url, server="webarena", num_tasks=812, eval_tasks=100) as env:
+        env.reset(seed=1_000_003)
+        env_id = env.env_id
+    body = next(b for route, _, b in game.calls
+                if route == "POST /reset" and b.get("env_idx") == env_id)
+    assert body["idx"] == 715
