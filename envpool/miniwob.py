@@ -104,6 +104,11 @@ def parse_command(action: str) -> tuple[str, Any, Any] | str:
     return "Use click [ref], type [ref] [text] or press [key]."
 
 
+def task_for_seed(seed: int | None, tasks: tuple[str, ...] | list[str] = TASKS) -> str:
+    """The MiniWoB task a task seed plays: tasks[index % len(tasks)], index within its split."""
+    return tasks[task_split(seed)[1] % len(tasks)]
+
+
 class MiniWoBEnv:
     """MiniWoB++ tasks (see envpool/miniwob_tasks.py for the set) as a `TextEnv`.
 
@@ -165,14 +170,13 @@ class MiniWoBEnv:
         """Load the seed's task and instance; the same seed gives the same page and text."""
         if options:
             raise ValueError(f"MiniWoBEnv.reset takes no options, got {sorted(options)}")
-        _, index = task_split(seed)
         alive = self._browser.alive()
         if not alive or (self.recycle_every and self.episodes >= self.recycle_every):
             self.restarts += not alive
             self._browser.close()
             self._browser = Browser(*self._browser_args)
             self.episodes = 0
-        self._task = self.tasks[index % len(self.tasks)]
+        self._task = task_for_seed(seed, self.tasks)
         limit_ms = int(1000 * (self.episode_time_s or _DAY_S))
         self._browser.start_task(self._task, seed=f"horizonrl-{0 if seed is None else seed}",
                                  limit_ms=limit_ms)
