@@ -150,8 +150,8 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="cap per measurement")
-    ap.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS),
-                    help="envs of the method table")
+    ap.add_argument("--envs", nargs="*", default=list(ENVS), choices=list(ENVS),
+                    help="envs of the method table (none: only the MiniWoB scaling table)")
     ap.add_argument("--scaling", type=int, nargs="*", default=[1, 2, 4], metavar="N",
                     help="replica counts of the MiniWoB scaling table (none: skip it)")
     ap.add_argument("--out", help="write the table and settings as JSON here")
@@ -175,7 +175,8 @@ def main() -> None:
             rows.append((env, f"gymnasium AsyncVectorEnv ({n} processes)",
                          async_vector(env, kwargs, n, r, cap)))
         scale = scaling("miniwob", MINIWOB, args.scaling, SCALING_ROUNDS, args.max_seconds)
-    print("\n| env | method | steps/s | vs in-process |\n|---|---|---|---|")
+    if rows:
+        print("\n| env | method | steps/s | vs in-process |\n|---|---|---|---|")
     table = []
     for env, method, sps in rows:
         base = next(s for e, m, s in rows if e == env and m.startswith("in-process"))
