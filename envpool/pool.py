@@ -61,7 +61,9 @@ class EnvWorker:
 
     With `recycle_every` > 0 a replica is closed and rebuilt before its next reset once it has run
     that many episodes: long-lived envs leak (a JVM grows from ~100 to ~670 MB over SciWorld
-    episodes; AgentGym's WebShop server ran out of memory after 2.5 h of RL).
+    episodes; AgentGym's WebShop server ran out of memory after 2.5 h of RL). A replica whose
+    reset or step raised is rebuilt the same way before its next reset: its JVM, browser or
+    connection may be dead, and a fresh one costs one env start.
     """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], num_replicas: int,
@@ -69,8 +71,10 @@ class EnvWorker:
         self.env_name, self.env_kwargs = env_name, dict(env_kwargs)
         self.envs = [make_env(env_name, **env_kwargs) for _ in range(num_replicas)]
         self.episodes = [0] * num_replicas  # since the replica was (re)built
+        self.broken = [False] * num_replicas  # raised since it was built: rebuild at reset
         self.recycle_every = recycle_every
-        self.stats = {"steps": 0, "resets": 0, "recycles": 0, "errors": 0, "step_seconds": 0.0}
+        self.stats = {"steps": 0, "resets": 0, "recycles": 0, "rebuilds": 0, "errors": 0,
+                      "step_seconds": 0.0}
         # Replicas of one batch run side by side for I/O-bound envs (env.step_threads).
         self._threads = ThreadPoolExecutor(threads) if threads > 1 else None
         self._lock = threading.Lock()  # the counters, when calls run on several threads
@@ -108,12 +112,14 @@ class EnvWorker:
                 "children": len(kids)}
 
     def _recycle_if_due(self, replica: int) -> None:
-        if self.recycle_every and self.episodes[replica] >= self.recycle_every:
-            with contextlib.suppress(Exception):  # a broken env must not block its successor
-                self.envs[replica].close()
-            self.envs[replica] = make_env(self.env_name, **self.env_kwargs)
-            self.episodes[replica] = 0
-            self._count(recycles=1)
+        due = self.recycle_every and self.episodes[replica] >= self.recycle_every
+        if not (due or self.broken[replica]):
+            return
+        with contextlib.suppress(Exception):  # a broken env must not block its successor
+            self.envs[replica].close()
+        self.envs[replica] = make_env(self.env_name, **self.env_kwargs)
+        self._count(**{"rebuilds" if self.broken[replica] else "recycles": 1})
+        self.episodes[replica], self.broken[replica] = 0, False
 
     def reset(self, items: Sequence[tuple[int, int]]) -> list[tuple[str, dict] | EnvError]:
         def one(replica: int, seed: int) -> tuple[str, dict] | EnvError:
@@ -124,6 +130,7 @@ class EnvWorker:
                 self._count(resets=1)
                 return out
             except Exception as exc:  # one broken replica must not fail the batch
+                self.broken[replica] = True
                 self._count(errors=1)
                 return EnvError("env_error", f"reset failed: {exc!r}")
 
@@ -137,6 +144,7 @@ class EnvWorker:
                 self._count(steps=1, step_seconds=time.perf_counter() - t0)
                 return out
             except Exception as exc:
+                self.broken[replica] = True
                 self._count(errors=1, step_seconds=time.perf_counter() - t0)
                 return EnvError("env_error", f"step failed: {exc!r}")
 

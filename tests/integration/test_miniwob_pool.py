@@ -159,6 +159,10 @@ def test_a_killed_browser_fails_its_episode_and_the_replica_comes_back(ray_local
                          max_turns=10)
         assert all(success for _, success, _ in rows)
         assert len(_browsers(pool)) == 2
+        # The worker rebuilt the replica that raised (a fresh env, a fresh browser).
+        import ray
+
+        assert ray.get(pool.actors[0].health.remote())["rebuilds"] == 1
     finally:
         pool.close()
 

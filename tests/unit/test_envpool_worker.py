@@ -41,3 +41,19 @@ def test_a_broken_replica_fails_alone():
     assert isinstance(bad, EnvError) and bad.kind == "env_error"
     assert not isinstance(good, EnvError)
     assert worker.stats["errors"] == 1
+
+
+def test_a_replica_that_raised_is_rebuilt_before_its_next_reset():
+    worker = EnvWorker("babyai", {}, num_replicas=2)
+    worker.reset([(0, 1), (1, 2)])
+    broken, other = worker.envs
+    broken.step = None  # raises on step, as an env whose JVM or browser died does
+    bad, _ = worker.step([(0, "turn left"), (1, "turn left")])
+    assert isinstance(bad, EnvError)
+    first, second = worker.reset([(0, 3), (1, 4)])
+    assert not isinstance(first, EnvError) and not isinstance(second, EnvError)
+    assert worker.envs[0] is not broken and worker.envs[1] is other
+    assert worker.stats["rebuilds"] == 1 and worker.stats["recycles"] == 0
+    (res,) = worker.step([(0, "turn left")])
+    assert not isinstance(res, EnvError)
+    worker.close()
