@@ -100,11 +100,19 @@ def evaluate(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig
                                    max_turns=max_turns, out=out, split=split)
 
 
+def eval_env_configs(envs: Sequence[EnvConfig], episodes: int) -> list[EnvConfig]:
+    """Each env sized for a sweep of `episodes`: one replica per episode on each actor, or
+    the env's `eval_replicas_per_actor` (heavy replicas; the generator then runs waves)."""
+    return [e.model_copy(update={"replicas_per_actor": e.eval_replicas_per_actor or episodes})
+            for e in envs]
+
+
 def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig],
                         tasks: int, samples: int, max_turns: Sequence[int],
                         out: str | Path, split: str = "eval") -> dict[str, Any]:
     """`evaluate` inside a Ray session the caller holds (the warm start's, for one). Each env's
-    pool gets one replica per episode of a sweep (`tasks` x `samples`)."""
+    pool gets one replica per episode of a sweep (`tasks` x `samples`), or
+    its `eval_replicas_per_actor`."""
     import ray
 
     from horizonrl.cluster.eval_metrics import summarise
@@ -113,7 +121,7 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
 
     records: list[EpisodeRecord] = []
     g = cfg.generator
-    envs = [e.model_copy(update={"replicas_per_actor": tasks * samples}) for e in envs]
+    envs = eval_env_configs(envs, tasks * samples)
     # The run's own ingest settings (host, token, TLS), but never the run's fixed port: an
     # evaluation may run beside the training that owns it.
     ingest, address, token = open_ingest(cfg.learner.ingest.model_copy(update={"port": 0}))

@@ -48,6 +48,11 @@ class EnvConfig(BaseModel):
         60.0, gt=0, description="Deadline for one batched reset/step call to an env actor; a "
         "call past it fails its episodes with failure=timeout and the actor is restarted.",
     )
+    eval_replicas_per_actor: int | None = Field(
+        None, ge=1, description="Replicas per env actor in evaluations (`horizonrl eval`, the "
+        "warm start's): unset, one per episode of the sweep (tasks x samples, on each actor), "
+        "which suits cheap envs; set it where a replica is heavy (a browser, a JVM), and the "
+        "sweep runs in waves of that many episodes per actor.")
     recycle_every_episodes: int = Field(
         0, ge=0, description="Close and rebuild a replica after this many episodes, to bound "
         "the memory of envs that leak (SciWorld's JVM); 0 never recycles.",

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -32,6 +33,11 @@ from selenium.webdriver.common.action_chains import ActionChains
 
 # Headless, no sandbox (containers run as root), and nothing that talks to the network: the task
 # pages are local files; host names other than localhost resolve to nothing.
+# The watchdog ($0: the profile). A line on stdin: closed normally, exit. EOF (its owner died):
+# kill chromedriver's group once the owner had recorded it, then any browser started with this
+# profile (one still starting has no recorded group yet), then delete the profile.
+_WATCH = ('read _ && exit; pg=$(cat "$0.pgid" 2>/dev/null); [ -n "$pg" ] && kill -9 "-$pg"; '
+          'pkill -9 -f -- "user-data-dir=$0"; rm -rf "$0" "$0.pgid"')
 _FLAGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
     "--disable-extensions", "--disable-background-networking", "--disable-component-update",
@@ -58,6 +64,11 @@ class Browser:
         for flag in (*_FLAGS, f"--user-data-dir={self._profile}"):
             options.add_argument(flag)
         service = Service(chromedriver, popen_kw={"start_new_session": True})
+        # The watchdog starts before the browser: a worker killed while the browser starts
+        # (Ray's OOM killer picks workers still in __init__) must not leave it behind.
+        watchdog = subprocess.Popen(["setsid", "-f", "/bin/sh", "-c", _WATCH, self._profile],
+                                    stdin=subprocess.PIPE)
+        watchdog.wait()  # setsid itself returns at once; its forked child watches
         self._watchdog: subprocess.Popen | None = None
         self._broken = False
         self._page: str | None = None
@@ -66,14 +77,13 @@ class Browser:
         except BaseException:
             if service.process is not None:
                 self._kill_group(service.process.pid)
-            shutil.rmtree(self._profile, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                watchdog.stdin.close()  # EOF: the watchdog sweeps what is left, and the profile
             raise
         self._driver_proc: subprocess.Popen = service.process
         self._pgid = self._driver_proc.pid  # start_new_session: the session leader's pid
-        self._watchdog = subprocess.Popen(
-            ["setsid", "-f", "/bin/sh", "-c", 'read _ && exit; kill -9 "-$0"; rm -rf "$1"',
-             str(self._pgid), self._profile], stdin=subprocess.PIPE)
-        self._watchdog.wait()  # setsid itself returns at once; its forked child watches
+        Path(f"{self._profile}.pgid").write_text(str(self._pgid))
+        self._watchdog = watchdog
         self.driver.set_script_timeout(call_timeout_s)
         self.driver.set_page_load_timeout(call_timeout_s)
 
@@ -180,6 +190,7 @@ class Browser:
             self._watchdog.stdin.close()
         self._watchdog = None
         shutil.rmtree(self._profile, ignore_errors=True)
+        Path(f"{self._profile}.pgid").unlink(missing_ok=True)
 
     @staticmethod
     def _kill_group(pgid: int) -> None:

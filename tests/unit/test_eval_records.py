@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from horizonrl.cluster.eval_metrics import invalid_action_rate, repeated_action_rate, summarise
-from horizonrl.cluster.evaluate import eval_tasks, to_records
+from horizonrl.cluster.evaluate import eval_env_configs, eval_tasks, to_records
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.protos.trajectory import Failure, Trajectory
@@ -43,3 +43,12 @@ def test_eval_tasks_are_the_first_eval_seeds_of_each_env():
     assert [t.seed for t in tasks] == [EVAL_SEED_OFFSET + i for i in range(3)] * 2
     assert [t.env for t in tasks] == ["babyai"] * 3 + ["textcraft"] * 3
     assert len({t.group for t in tasks}) == 6
+
+
+def test_eval_pools_hold_one_replica_per_episode_unless_replicas_are_heavy():
+    cheap = EnvConfig(name="babyai", replicas_per_actor=8)
+    heavy = EnvConfig(name="miniwob", replicas_per_actor=4, num_actors=2,
+                      eval_replicas_per_actor=4)
+    sized = eval_env_configs([cheap, heavy], episodes=300)
+    assert [e.replicas_per_actor for e in sized] == [300, 4]
+    assert sized[1].num_actors == 2 and cheap.replicas_per_actor == 8  # copies, not edits
