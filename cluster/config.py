@@ -161,12 +161,21 @@ class InitConfig(BaseModel):
     eval_max_turns: int | None = Field(
         None, ge=1, description="Turn budget of that evaluation; unset: the curriculum's last "
         "horizon.")
+    replay_batch: int = Field(
+        0, ge=0, description="Demonstrations replayed during RL: after every RL update, one "
+        "SFT step (at the RL learning rate) on this many episodes drawn from the demos "
+        "(init.demos, or those the warm start collected); 0: off.")
 
     @model_validator(mode="after")
     def _has_data(self) -> InitConfig:
         if self.sft_epochs > 0 and self.demos is None and self.demo_episodes == 0:
             raise ValueError("init: sft_epochs > 0 needs demonstrations: set init.demos (a "
                              "path) or init.demo_episodes (collect with the expert)")
+        if self.replay_batch and self.demos is None and not (
+                self.sft_epochs > 0 and self.demo_episodes > 0):
+            raise ValueError("init.replay_batch > 0 needs demonstrations to replay: set "
+                             "init.demos, or a warm start that collects them (init.sft_epochs "
+                             "> 0 and init.demo_episodes > 0)")
         return self
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from horizonrl.cluster.multinode import record_placement
 from horizonrl.cluster.phases import make_phase
 from horizonrl.cluster.plan import placement_plan
 from horizonrl.cluster.prometheus import PrometheusExporter
+from horizonrl.cluster.warm_start import DemoReplay
 from horizonrl.envpool.pool import EnvPool
 from horizonrl.learner.batch import apply_overlong
 from horizonrl.learner.group import LearnerGroup
@@ -100,6 +102,7 @@ class Trainer:
         if resume:
             self._restore_learner(resume)
         self.weights = make_weight_sync(cfg.learner, self.learner, self.generators)
+        self.replay = DemoReplay.for_run(cfg, run_dir) if cfg.init.replay_batch else None
         self.metrics = MetricsLogger(
             run_dir, wandb_config=cfg.model_dump(mode="json") if cfg.metrics.wandb else None)
         self.exporter = None
@@ -191,7 +194,10 @@ class Trainer:
         t_rollout = time.perf_counter() - t_start
         staleness = max((self.policy_version - t.policy_version for t in trajs), default=0)
         t0 = time.perf_counter()
-        learn = self._train(trajs)
+        learn = self._learner_call(self.learner.train, trajs)
+        if self.replay is not None:  # behaviour-cloning replay: after the RL update, one SFT step
+            sft = self._learner_call(self.learner.train_sft, self.replay.draw(step))
+            learn = {**learn, **{f"replay_{k}": v for k, v in sft.items()}}
         t_learn = time.perf_counter() - t0
         trained = self._account(step, g, trajs)
         sync = self.phase.publish(learn)
@@ -243,12 +249,13 @@ class Trainer:
                 "".join(to_json_line(t) + "\n" for t in trajs))
         return m
 
-    def _train(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """The learner update; a dead learner rank ends the run with what to do next."""
+    def _learner_call(self, update: Callable[[Any], dict[str, float]],
+                      data: Any) -> dict[str, float]:
+        """One learner update; a dead learner rank ends the run with what to do next."""
         import ray
 
         try:
-            return self.learner.train(trajs)
+            return update(data)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
             # A rank that died takes the collective down: the survivors fail inside gloo (a
             # RayTaskError), the dead one with RayActorError. Anything else is a real bug.

@@ -61,6 +61,28 @@ def run_warm_start(cfg: RunConfig, *, run_dir: Path, base_model: str) -> Path:
     return model_dir
 
 
+class DemoReplay:
+    """Behaviour-cloning replay during RL (`init.replay_batch`): after every RL update the
+    learner takes one SFT step on a few demonstrations, so that updates driven by the tasks the
+    policy already solves do not wash out what only the demonstrations taught (on TextCraft,
+    RL alone lost the clone's memorised depth-4 recipes). Draws are seeded by run seed and step,
+    so a resumed run replays what the uninterrupted one would have."""
+
+    def __init__(self, examples: list[Any], batch: int, seed: int) -> None:
+        if not examples:
+            raise ValueError("init.replay_batch > 0 but there are no demonstrations to replay")
+        self.examples, self.batch, self.seed = examples, min(batch, len(examples)), seed
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, run_dir: Path) -> DemoReplay:
+        """The demonstrations of `init.demos`, else those this run's warm start collected."""
+        demos = Path(cfg.init.demos) if cfg.init.demos else run_dir / INIT_DIR / "demos"
+        return cls(_examples(cfg, demos, "replay"), cfg.init.replay_batch, cfg.seed)
+
+    def draw(self, step: int) -> list[Any]:
+        return random.Random(self.seed * 1_000_003 + step).sample(self.examples, self.batch)
+
+
 def _demos(cfg: RunConfig, root: Path, base_model: str) -> Path:
     from horizonrl.cluster.demos import SUMMARY_FILE, collect_demos
 
@@ -76,7 +98,7 @@ def _demos(cfg: RunConfig, root: Path, base_model: str) -> Path:
     return out
 
 
-def _examples(cfg: RunConfig, demos: Path) -> list[Any]:
+def _examples(cfg: RunConfig, demos: Path, purpose: str = "clone") -> list[Any]:
     from horizonrl.cluster.auxiliary import read_trajectories
     from horizonrl.learner.auxiliary import sft_examples_from_trajectories
 
@@ -87,7 +109,8 @@ def _examples(cfg: RunConfig, demos: Path) -> list[Any]:
     if len(examples) < max(cfg.learner.world_size, 1):
         raise ValueError(f"init: {len(examples)} usable demonstrations in {demos} (of "
                          f"{len(trajs)}; successful and within {limit} tokens)")
-    print(f"[warm-start] {len(examples)} demonstrations to clone ({len(trajs)} read, "
+    print(f"[{'warm-start' if purpose == 'clone' else purpose}] {len(examples)} demonstrations "
+          f"to {purpose} ({len(trajs)} read, "
           f"{sum(len(e.input_ids) for e in examples)} tokens)", flush=True)
     return examples
 

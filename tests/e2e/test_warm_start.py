@@ -51,9 +51,14 @@ def test_warm_start_killed_then_resumed_then_rl_resumed(tmp_path, kill_when):
     state = json.loads((run_dir / "checkpoints/step_000001/trainer_state.json").read_text())
     assert state["base_model_path"] == done["model"]  # RL started from the clone
 
-    third = subprocess.run([*_cmd(tmp_path, 2), "--resume", "auto"], cwd=ROOT, env=env,
+    # The RL phase resumed with demonstration replay: one SFT step on 4 demos after each update.
+    third = subprocess.run([*_cmd(tmp_path, 2, "init.replay_batch=4"), "--resume", "auto"],
+                           cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=900)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert "from step_000001" in third.stdout and "[warm-start]" not in third.stdout
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1]
+    assert "learner/replay_sft_loss" not in lines[0]
+    # Replayed from the demos the clone was trained on: near its last SFT loss, not its first.
+    assert lines[1]["learner/replay_sft_loss"] < 0.8 * sft[0]["sft_loss"]

@@ -23,6 +23,7 @@ def test_default_config_and_override():
     ("curriculum.horizons=[5, 3]", "rise strictly"),
     ("no_equals_sign", "section.field=value"),
     ("init.sft_epochs=2", "init.demo_episodes"),
+    ("init.replay_batch=8", "init.replay_batch > 0 needs demonstrations"),
     ("model.tiny.preset=xl", "model.tiny.preset"),
     ("generator.max_context_tokens=8192", "the tiny model's 4096 positions"),
     ("generator.tensor_parallel_size=2", "generator.num_gpus"),
