@@ -47,6 +47,41 @@ def apply_overlong(trajs: Sequence[Trajectory], mode: str, penalty: float) -> li
     return out
 
 
+def model_turn_ranges(t: Trajectory) -> list[tuple[int, int]] | None:
+    """[start, end) in `response_ids` of each turn's sampled tokens, in turn order: the turn
+    spans when the episode kept them (windowed contexts), else the runs of `response_mask` 1
+    (observations, mask 0, separate the turns). None when the runs do not match the turn count
+    (a turn with no trainable token, as in a demonstration's injected action)."""
+    if t.turn_spans:
+        return [(start, end) for _, start, end in t.turn_spans]
+    runs = _mask_runs(t.response_mask)
+    return runs if len(runs) == t.num_turns else None
+
+
+def _mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s."""
+    m = np.asarray(mask, dtype=np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], m, [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+def without_invalid_turns(t: Trajectory) -> Trajectory:
+    """`t` with the tokens of the turns whose action the env rejected (info["invalid_turns"])
+    taken out of the loss (`learner.mask_invalid_turns`): a success should not also reinforce
+    the malformed commands it made on the way. Unchanged when nothing was invalid or the turns
+    cannot be located."""
+    bad = t.info.get("invalid_turns") or []
+    ranges = model_turn_ranges(t) if bad else None
+    if not ranges:
+        return t
+    mask = list(t.response_mask)
+    for turn in bad:
+        if 0 <= turn < len(ranges):
+            start, end = ranges[turn]
+            mask[start:end] = [0] * (end - start)
+    return replace(t, response_mask=tuple(mask))
+
+
 def pad_batch(trajs: Sequence[Trajectory], advantages: Sequence[float], *,
               pad_id: int) -> dict[str, np.ndarray]:
     """Right-padded `[B, T]` arrays over prompt + response.
@@ -116,9 +151,8 @@ def token_rewards(t: Trajectory) -> np.ndarray:
     """Per-token rewards over `response_ids`: turn k's reward on the last model token of turn
     k (the k-th run of response_mask 1s). If the turn count and the runs disagree (a turn cut
     by the context limit), the episode reward goes on the last model token instead."""
-    mask = np.asarray(t.response_mask, dtype=np.int64)
-    out = np.zeros(len(mask), dtype=np.float32)
-    ends = np.flatnonzero((mask == 1) & (np.append(mask[1:], 0) == 0))  # last token of each run
+    out = np.zeros(len(t.response_mask), dtype=np.float32)
+    ends = [end - 1 for _, end in _mask_runs(t.response_mask)]  # last token of each run
     if len(ends) == 0:
         return out
     if len(t.rewards) == len(ends):

@@ -148,6 +148,10 @@ class LearnerConfig(BaseModel):
         "`overlong`); or subtract overlong_penalty from their reward (a soft length penalty).")
     overlong_penalty: float = Field(
         0.5, ge=0, description="overlong=penalty: what a cut episode's reward loses.")
+    mask_invalid_turns: bool = Field(
+        False, description="Leave the turns whose action the env rejected out of positive "
+        "updates: in episodes with a positive advantage, and in the episodes rejection "
+        "sampling keeps, those turns' tokens get no loss (failed episodes keep them).")
     skip_zero_variance_groups: bool = Field(
         True, description="Drop groups whose rewards are all equal: their advantage is 0."
     )

@@ -9,7 +9,14 @@ import numpy as np
 import torch
 
 from horizonrl.learner import algorithms as alg
-from horizonrl.learner.batch import group_index, pad_batch, split_rows, turn_rows, valid_mask
+from horizonrl.learner.batch import (
+    group_index,
+    pad_batch,
+    split_rows,
+    turn_rows,
+    valid_mask,
+    without_invalid_turns,
+)
 from horizonrl.learner.config import LearnerConfig, rank_bundle
 from horizonrl.learner.worker import LearnerWorker
 from horizonrl.protos.trajectory import Trajectory
@@ -143,6 +150,8 @@ class LearnerGroup:
         adv = self.advantages(trajs)
         idx, need = self._chosen(trajs)
         kept = [trajs[i] for i in idx]
+        if self.cfg.mask_invalid_turns:  # positive updates skip the rejected commands
+            kept = [without_invalid_turns(t) if adv[i] > 0 else t for t, i in zip(kept, idx)]
         rows = sum(t.rows for t in kept)  # one per episode, or per turn in window mode
         stats = {"groups_kept": float(len({t.group_id for t in kept})),
                  "episodes_trained": float(len(kept)), "rows_trained": float(rows),
@@ -175,6 +184,8 @@ class LearnerGroup:
         responses per group); skipped when fewer than one per rank succeeded."""
         from horizonrl.learner.auxiliary import rejection_sampling_examples
 
+        if self.cfg.mask_invalid_turns:
+            trajs = [without_invalid_turns(t) for t in trajs]
         examples = rejection_sampling_examples(trajs)
         stats = {"rows_trained": float(len(examples)), "skipped_update": 0.0}
         if len(examples) < self._chosen(trajs)[1]:

@@ -218,6 +218,30 @@ def test_other_algorithms_update(ray_local, batches, tiny_model_path, tokenizer,
     assert all(s["adv_abs_mean"] > 0 for s in stats)
 
 
+def test_invalid_turns_leave_positive_updates_only(ray_local, batches, tiny_model_path,
+                                                   tokenizer):
+    """`mask_invalid_turns`: the first turn of every episode marked invalid; on real ranks the
+    update trains exactly the tokens of the other turns of positive-advantage episodes and
+    every token of the others."""
+    from dataclasses import replace
+
+    from horizonrl.learner.batch import model_turn_ranges
+
+    trajs = [replace(t, info={"invalid_turns": [0]}) for t in batches[0]]
+    group = _group(learner_cfg(mask_invalid_turns=True), tiny_model_path, tokenizer)
+    try:
+        adv = group.advantages(trajs)
+        stats = group.train(trajs)
+    finally:
+        group.shutdown()
+    first = [model_turn_ranges(t)[0] for t in trajs]
+    want = sum(sum(t.response_mask) - ((end - start) if a > 0 else 0)
+               for t, a, (start, end) in zip(trajs, adv, first))
+    assert any(a > 0 for a in adv) and any(a < 0 for a in adv)
+    assert stats["tokens_trained"] == want < sum(sum(t.response_mask) for t in trajs)
+    assert stats["skipped_update"] == 0.0 and np.isfinite(stats["loss"])
+
+
 RESUME_SCRIPT = """
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("toy", {here!r})

@@ -54,3 +54,21 @@ def test_token_rewards_sit_on_each_turns_last_model_token():
     assert token_rewards(two_turns).tolist() == [0.0, 0.5, 0.0, 0.0, 1.0, 0.0]
     # Turn count and mask runs disagree: the episode reward goes on the last model token.
     assert token_rewards(base).tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_invalid_turns_leave_the_mask_by_spans_or_runs_and_only_when_located():
+    from dataclasses import replace
+
+    from horizonrl.learner.batch import without_invalid_turns
+
+    base = _traj("a", "g", [1], [5, 6, 7, 8, 9, 10, 11], [1, 1, 0, 1, 0, 1, 1])
+    three = replace(base, num_turns=3, info={"invalid_turns": [0, 2]})
+    assert without_invalid_turns(three).response_mask == (0, 0, 0, 1, 0, 0, 0)
+    # Windowed episodes carry their turn spans (window start, start, end).
+    spans = replace(three, turn_spans=((0, 0, 2), (0, 3, 4), (3, 5, 7)),
+                    info={"invalid_turns": [1]})
+    assert without_invalid_turns(spans).response_mask == (1, 1, 0, 0, 0, 1, 1)
+    # Runs and turn count disagree: the turns cannot be located, nothing changes.
+    two = replace(three, num_turns=2)
+    assert without_invalid_turns(two) is two
+    assert without_invalid_turns(base) is base  # no invalid turns recorded

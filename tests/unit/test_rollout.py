@@ -6,6 +6,7 @@ same loop in tests/integration/test_training_loop.py.
 
 from horizonrl.actors.rollout import AgentLoop, run_episode
 from horizonrl.envpool.babyai import SYSTEM_PROMPT, BabyAITextEnv, parse_action
+from horizonrl.learner.batch import without_invalid_turns
 from horizonrl.protos.chat import ChatFormat
 
 
@@ -71,3 +72,24 @@ def test_episode_ends_on_success_before_horizon(tokenizer, scripted_engine):
     run_episode(loop, scripted_engine([(ids, [-1.0] * len(ids))]), env, seed=seed)
     assert loop.terminated and loop.success and loop.num_turns == 1
     assert loop.rewards == [1.0]
+
+
+def test_invalid_turns_are_recorded_and_can_leave_the_loss(tokenizer, scripted_engine):
+    chat = ChatFormat(tokenizer)
+    end = chat.im_end_id
+    turns = [chat.encode(a) + [end] for a in ("turn left", "fly to the moon", "turn right")]
+    engine = scripted_engine([(t, [-0.1] * len(t)) for t in turns])
+    loop = AgentLoop(chat=chat, system_prompt=SYSTEM_PROMPT, parse_action=parse_action,
+                     horizon=3, max_context_tokens=4096, max_tokens_per_turn=16)
+    run_episode(loop, engine, BabyAITextEnv(level="BabyAI-GoToRedBall-v0"), seed=7)
+    traj = loop.to_trajectory(trajectory_id="t", group_id="g", task_id="babyai-7",
+                              env_name="babyai", policy_version=0)
+    assert traj.info["invalid_turns"] == [1] and traj.info["invalid_actions"] == 1
+
+    masked = without_invalid_turns(traj)
+    start = len(turns[0]) + (traj.response_mask.index(1, len(turns[0])) - len(turns[0]))
+    changed = [i for i, (a, b) in enumerate(zip(traj.response_mask, masked.response_mask))
+               if a != b]
+    assert changed == list(range(start, start + len(turns[1])))  # exactly turn 2's tokens
+    assert masked.response_ids == traj.response_ids
+    assert without_invalid_turns(masked) == masked
