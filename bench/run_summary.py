@@ -5,7 +5,8 @@ step carried a learning signal, and how success and invalid actions moved.
         --out docs/long-horizon/textcraft/training.json
 
 Per run: steps; groups kept per step (those whose rewards differ; the others have advantage 0
-and are dropped), mean and the number of steps with none; success and invalid-action rate over
+and are dropped), mean and the number of steps with none; rows (episodes, or turns in window
+mode; rejection sampling: distinct successes) trained per step; success and invalid-action rate over
 the first and last `--window` steps; per env label, success over the same windows.
 """
 
@@ -29,13 +30,18 @@ def summarise(run: Path, window: int) -> dict:
         return round(statistics.fmean(vals), 4) if vals else float("nan")
 
     first, last = ms[:window], ms[-window:]
-    kept = [m.get("learner/groups_kept", 0.0) for m in ms]
+    # Groups with signal: those GRPO-style learners kept; rejection sampling keeps successes,
+    # so there the count is dynamic sampling's (absent without it).
+    key = "learner/groups_kept" if any("learner/groups_kept" in m for m in ms) else \
+        "sampling/groups_with_signal"
+    kept = [m[key] for m in ms if key in m]
     envs = sorted({k.split("/")[1] for m in ms for k in m if k.startswith("env/")
                    and k.endswith("/success_rate")})
     return {
         "run": str(run), "steps": len(ms),
-        "groups_kept_mean": round(statistics.fmean(kept), 3),
-        "steps_without_signal": sum(k == 0 for k in kept),
+        "groups_kept_mean": round(statistics.fmean(kept), 3) if kept else None,
+        "steps_without_signal": sum(k == 0 for k in kept) if kept else None,
+        "episodes_trained_mean": mean("learner/rows_trained", ms),
         "success": [mean("success_rate", first), mean("success_rate", last)],
         "invalid_action_rate": [mean("invalid_action_rate", first),
                                 mean("invalid_action_rate", last)],
