@@ -116,6 +116,23 @@ def test_rejection_sampling_dedups_within_group_only():
     assert [e.input_ids for e in out] == [(1, 2, 5, 6), (1, 2, 5, 7), (1, 2, 5, 6)]
 
 
+def test_offline_rs_masks_invalid_turns_like_the_online_learner(tmp_path):
+    from dataclasses import replace
+
+    from horizonrl.cluster.auxiliary import build_data
+    from horizonrl.cluster.config import load_config
+    from horizonrl.protos.codec import to_json_line
+
+    two_turns = replace(traj("g", (5, 6, 7, 8), (1, 0, 1, 1), reward=1.0), num_turns=2,
+                        rewards=(0.0, 1.0), info={"success": True, "invalid_turns": [0]})
+    data = tmp_path / "step_0.jsonl"
+    data.write_text(to_json_line(two_turns) + "\n")
+    for mask, want in ((False, [0, 0, 1, 0, 1, 1]), (True, [0, 0, 0, 0, 1, 1])):
+        cfg = load_config(None, [f"learner.mask_invalid_turns={str(mask).lower()}"])
+        (example,) = build_data("rs", str(data), cfg, model_path="unused")
+        assert list(example.loss_mask) == want, mask
+
+
 def test_dpo_pairs_within_groups_and_never_ties():
     g1 = [traj("g1", (10,), (1,), reward=0.2), traj("g1", (11,), (1,), reward=0.0, success=True),
           traj("g1", (12,), (1,), reward=0.9), traj("g1", (13,), (1,), reward=0.0)]
