@@ -68,7 +68,6 @@ class AgentLoop:
         self.rewards: list[float] = []
         self.actions: list[str] = []
         self.turn_seconds: list[float] = []
-        self.invalid_actions = 0
         self.invalid_turns: list[int] = []  # 0-based turns whose action the env rejected
         self.terminated = False
         self.truncated = False
@@ -131,7 +130,6 @@ class AgentLoop:
         """Record the step; append the next observation unless the episode is over."""
         self.rewards.append(float(result.reward))
         if result.info.get("invalid_action", False):
-            self.invalid_actions += 1
             self.invalid_turns.append(self.num_turns - 1)
         self.success = self.success or bool(result.info.get("success", False))
         self.terminated = bool(result.terminated)
@@ -191,7 +189,7 @@ class AgentLoop:
             rewards=tuple(self.rewards), reward=float(sum(self.rewards)),
             num_turns=self.num_turns, terminated=self.terminated, truncated=self.truncated,
             failure=self.failure, turn_seconds=tuple(self.turn_seconds),
-            info={"success": self.success, "invalid_actions": self.invalid_actions,
+            info={"success": self.success, "invalid_actions": len(self.invalid_turns),
                   "invalid_turns": list(self.invalid_turns), "actions": list(self.actions),
                   **({"cut": self.cut} if self.cut else {}),
                   **({"context_error": self.context_error} if self.context_error else {}),

@@ -63,14 +63,11 @@ def build_data(kind: str, source: str, cfg: RunConfig, model_path: str) -> list[
               f"{data.skipped} skipped for length)", flush=True)
         return data.examples
     trajs = read_trajectories(source)
-    if kind == "rs" and cfg.learner.mask_invalid_turns:  # as online rejection sampling does
-        from horizonrl.learner.batch import without_invalid_turns
-
-        trajs = [without_invalid_turns(t) for t in trajs]
     if kind == "sft":
         return aux.sft_examples_from_trajectories(trajs, only_successful=False)
     if kind == "rs":
-        return aux.rejection_sampling_examples(trajs)
+        return aux.rejection_sampling_examples(
+            trajs, mask_invalid_turns=cfg.learner.mask_invalid_turns)
     if kind == "dpo":
         return aux.dpo_pairs_from_groups(trajs)
     raise ValueError(f"unknown auxiliary training {kind!r}; use sft, rs or dpo")

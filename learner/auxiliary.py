@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from horizonrl.learner.algorithms import masked_mean, token_logprobs
+from horizonrl.learner.batch import without_invalid_turns
 from horizonrl.protos.chat import ChatFormat
 from horizonrl.protos.trajectory import Failure, Trajectory
 
@@ -104,9 +105,11 @@ def rejection_sampling_indices(trajs: Sequence[Trajectory]) -> list[int]:
     return out
 
 
-def rejection_sampling_examples(trajs: Iterable[Trajectory]) -> list[SFTExample]:
-    """The kept episodes (`rejection_sampling_indices`) as SFT data."""
-    trajs = list(trajs)
+def rejection_sampling_examples(trajs: Iterable[Trajectory], *,
+                                mask_invalid_turns: bool = False) -> list[SFTExample]:
+    """The kept episodes (`rejection_sampling_indices`) as SFT data; with
+    `mask_invalid_turns` (learner config) the turns the env rejected carry no loss."""
+    trajs = [without_invalid_turns(t) if mask_invalid_turns else t for t in trajs]
     return [_example(trajs[i].prompt_ids, trajs[i].response_ids, trajs[i].response_mask)
             for i in rejection_sampling_indices(trajs)]
 

@@ -184,9 +184,8 @@ class LearnerGroup:
         responses per group); skipped when fewer than one per rank succeeded."""
         from horizonrl.learner.auxiliary import rejection_sampling_examples
 
-        if self.cfg.mask_invalid_turns:
-            trajs = [without_invalid_turns(t) for t in trajs]
-        examples = rejection_sampling_examples(trajs)
+        examples = rejection_sampling_examples(
+            trajs, mask_invalid_turns=self.cfg.mask_invalid_turns)
         stats = {"rows_trained": float(len(examples)), "skipped_update": 0.0}
         if len(examples) < self._chosen(trajs)[1]:
             return {**stats, "skipped_update": 1.0}
