@@ -83,7 +83,7 @@ def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
 
 
 def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns: int,
-                 splits: list[str], overrides: list[str], out: Path) -> dict:
+                 splits: list[str], overrides: list[str], out: Path, samples: int = 1) -> dict:
     from horizonrl.cluster.checkpoints import latest_checkpoint
     from horizonrl.cluster.config import load_config
     from horizonrl.cluster.evaluate import evaluate
@@ -94,7 +94,7 @@ def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns
               "bc": str(run_dir / "init" / "model"), "bc+rl": str(latest_checkpoint(run_dir))}
     got = {}
     for split in splits:
-        results = evaluate(cfg, models, envs=cfg.envs, tasks=tasks, samples=1,
+        results = evaluate(cfg, models, envs=cfg.envs, tasks=tasks, samples=samples,
                            max_turns=[max_turns], out=out / "eval" / f"seed{seed}-{split}",
                            split=split)
         got[split] = {m: {env: cell[str(max_turns)]["accuracy"] for env, cell in r.items()}
@@ -130,6 +130,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", type=int, default=100, help="eval tasks per env and split")
     p.add_argument("--max-turns", type=int, default=20, help="the one turn budget evaluated")
+    p.add_argument("--samples", type=int, default=1, help="episodes per eval task: accuracy is "
+                   "the mean over all of them (more samples, less sampling noise per cell)")
     p.add_argument("--splits", nargs="+", default=["eval"], choices=["eval", "train-new"])
     p.add_argument("--out", required=True, help="results (json, md, eval reports)")
     p.add_argument("--runs", default="runs/long-horizon", help="run directories and logs")
@@ -159,15 +161,16 @@ def main() -> None:
             "train_success": [round(m["success_rate"], 4) for m in metrics],
             "eval": evaluate_run(args.config, seed, run_dir, tasks=args.tasks,
                                  max_turns=args.max_turns, splits=args.splits,
-                                 overrides=[*args.overrides, *args.eval_overrides], out=out)}
+                                 overrides=[*args.overrides, *args.eval_overrides], out=out,
+                                 samples=args.samples)}
         print(f"[long-horizon] seed {seed}: {per_seed[seed]['eval']} ({wall:.0f}s)", flush=True)
         (out / "results.json").write_text(json.dumps(
             {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
-             "per_seed": per_seed}, indent=1))
+             "samples": args.samples, "per_seed": per_seed}, indent=1))
     text, summary = table(per_seed, args.splits)
     (out / "results.json").write_text(json.dumps(
         {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
-         "summary": summary, "per_seed": per_seed}, indent=1))
+         "samples": args.samples, "summary": summary, "per_seed": per_seed}, indent=1))
     if args.reuse_warm_start:  # every seed resumed into RL: its wall time is RL alone
         walls, what = [r["wall_seconds"] for r in per_seed.values()], "RL-only wall time"
     else:
@@ -178,8 +181,8 @@ def main() -> None:
             if walls else "every seed resumed: no wall time")
     (out / "results.md").write_text(
         f"# {args.config}: base vs BC vs BC+RL\n\n`{command}`\n\nAccuracy at {args.max_turns} "
-        f"turns on {args.tasks} tasks per split, mean ± std over seeds {args.seeds}; "
-        f"{took}.\n\n{text}\n")
+        f"turns on {args.tasks} tasks per split ({args.samples} episode(s) each), mean ± std "
+        f"over seeds {args.seeds}; {took}.\n\n{text}\n")
     print(text)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.cluster.config import ConfigError, load_config
+from horizonrl.cluster.provenance import command_line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -164,7 +165,12 @@ def run_eval(args: argparse.Namespace, cfg: Any) -> int:
     envs = [known[n] if n in known else EnvConfig(name=n, kwargs={}) for n in names]
     evaluate(cfg, models, envs=envs, tasks=args.tasks, samples=max(ks), max_turns=turns,
              out=args.out, split=args.split)
-    print(f"[horizonrl] eval report in {args.out} (results.md, results.json, *.png)")
+    # What wrote the report, beside it (results.json stays the numbers alone): `make figures`
+    # reruns this command.
+    (Path(args.out) / "command.json").write_text(json.dumps(
+        {"command": command_line(), "models": models, "split": args.split}, indent=1) + "\n")
+    print(f"[horizonrl] eval report in {args.out} (results.md, results.json, command.json, "
+          "*.png)")
     return 0
 
 

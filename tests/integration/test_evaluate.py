@@ -35,3 +35,25 @@ def test_evaluation_is_reproducible(tiny_model_path, tmp_path, monkeypatch):
     cell = res_a["base"]["babyai"]["4"]
     assert cell["episodes"] == 8 and set(cell["pass_at_k"]) == {"1", "2"}
     assert all((tmp_path / "eval0" / f).exists() for f in ("results.md", "pass_at_k.png"))
+
+
+def test_eval_cli_records_its_command_beside_the_report(tiny_model_path, tmp_path):
+    """`horizonrl eval` writes command.json next to results.json: its command splits back into
+    the arguments given, so `make figures` (bench/figures.py) can run the evaluation again."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+
+    out = tmp_path / "docs" / "ev"
+    args = ["eval", "--config", "configs/babyai-local.yaml", "--model", str(tiny_model_path),
+            "--envs", "babyai", "--tasks", "2", "--max-turns", "2", "--out", str(out),
+            "metrics.port=0", "env.replicas_per_actor=2"]
+    proc = subprocess.run([sys.executable, "-m", "horizonrl.cluster.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    written = json.loads((out / "command.json").read_text())
+    assert shlex.split(written["command"]) == ["horizonrl", *args]
+    assert list(written["models"].values()) == [str(tiny_model_path)]
+    assert written["split"] == "eval"
+    assert "command" not in json.loads((out / "results.json").read_text())

@@ -28,6 +28,14 @@ def test_command_line_outside_the_checkout_keeps_the_path(tmp_path: Path) -> Non
         ["python3", script, "--k", "v"]
 
 
+def test_command_line_records_the_cli_by_its_name() -> None:
+    """The console script and `python -m horizonrl.cluster.cli` are both `horizonrl ...`, the
+    form figures.py runs with this interpreter's install."""
+    args = ["eval", "--out", "docs/x", DICT_ARG]
+    for script in ("/some/venv/bin/horizonrl", str(ROOT / "cluster" / "cli.py")):
+        assert shlex.split(command_line([script, *args])) == ["horizonrl", *args]
+
+
 def _tree(root: Path) -> None:
     docs = root / "docs"
     (docs / "exp" / "eval" / "seed0").mkdir(parents=True)
