@@ -31,8 +31,9 @@ LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 """A markdown link's target (anchors dropped)."""
 READS_RUNS = ("bench/run_summary.py",)
 """Scripts that summarise training runs another command writes: they go last."""
-INPUT_FLAGS = ("--reuse-warm-start", "--model")
-"""Flags whose value is an input that must exist before the command can run."""
+INPUT_FLAGS = ("--reuse-warm-start", "--model", "--compare")
+"""Flags whose values (up to the next option) are inputs that must exist before the command
+can run; `base` is the config's own model."""
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,18 @@ def missing_inputs(argv: list[str], root: Path = ROOT) -> list[str]:
     gone = []
     if any(s in argv[1:2] for s in READS_RUNS):
         gone += [a for a in argv[2:] if a.startswith("runs/") and not (root / a).exists()]
-    for flag, value in itertools.pairwise(argv):
-        if flag in INPUT_FLAGS and value != "base" and not (root / value).exists():
-            gone.append(value)
+    for i, flag in enumerate(argv):
+        if flag not in INPUT_FLAGS:
+            continue
+        for value in itertools.takewhile(_is_value, argv[i + 1:]):
+            if value != "base" and not (root / value).exists():
+                gone.append(value)
     return gone
+
+
+def _is_value(arg: str) -> bool:
+    """Not an option and not a dotted `key=value` override."""
+    return not arg.startswith("-") and "=" not in arg
 
 
 def run(pairs: list[tuple[str, str]], *, dry_run: bool, keep_going: bool) -> int:

@@ -6,10 +6,11 @@
     .venv/bin/python bench/horizon_experiment.py --config configs/babyai-maze-bc-rl.yaml \
         --model runs/<run>/init/model --horizons 5 10 20 --eval-turns 20 --eval-tasks 100
 
-Writes runs/horizon-experiment__<time>/: every run's metrics, results.json (the command and,
-per schedule and seed, each step's figures), results.md (a table) and
+Training runs go to RUNS/horizon-experiment__<time>/ (`--runs`, default runs); results.json (the
+command and, per schedule and seed, each step's figures), results.md (a table) and
 horizon_experiment.png (success and turns against step, mean over seeds, like the paper's
-Figure 7). Every run sees the same tasks per step and the same number of episodes.
+Figure 7) go to `--out` (default: beside the runs). Every run sees the same tasks per step and
+the same number of episodes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -94,7 +94,7 @@ def summarise(results: dict[str, dict[int, list[dict]]], out: Path, iterations: 
     table = "\n".join(lines)
     (out / "results.md").write_text(
         f"# Horizon experiment ({len(next(iter(results.values())))} seeds, {iterations} "
-        f"iterations)\n\n`{' '.join(sys.argv)}`\n\nMean ± std over seeds; fifths of the "
+        f"iterations)\n\n`{command_line()}`\n\nMean ± std over seeds; fifths of the "
         f"run.\n\n"
         f"{table}\n")
     return table
@@ -141,16 +141,21 @@ def main() -> None:
     p.add_argument("--eval-turns", type=int, help="score each final policy on the eval split "
                    "at this one horizon")
     p.add_argument("--eval-tasks", type=int, default=64, help="eval tasks for --eval-turns")
-    p.add_argument("--out", default="runs")
+    p.add_argument("--runs", default="runs", help="training runs go to a new "
+                   "horizon-experiment__<time> folder here")
+    p.add_argument("--out", help="results.json, results.md and the plot (default: the runs' "
+                   "folder)")
     args = p.parse_args()
     table = schedules(*args.horizons)
-    out = Path(args.out) / f"horizon-experiment__{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True)
+    runs = Path(args.runs) / f"horizon-experiment__{time.strftime('%Y%m%d-%H%M%S')}"
+    runs.mkdir(parents=True)
+    out = Path(args.out) if args.out else runs
+    out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, list[dict]]] = {}
     with ray_session(RayConfig()):
         for name in args.schedules:
             for seed in args.seeds:
-                rows = run_one(name, table[name], seed, args.iterations, out, args)
+                rows = run_one(name, table[name], seed, args.iterations, runs, args)
                 results.setdefault(name, {})[seed] = rows
                 # The command beside the schedules, so the file says what wrote it.
                 (out / "results.json").write_text(json.dumps(

@@ -66,6 +66,14 @@ def test_owners_links_and_order(tmp_path: Path) -> None:
     assert DICT_ARG in figures._split(order[0][0])
     summary = figures._split(order[1][0])
     assert figures.missing_inputs(summary, tmp_path) == ["runs/gone/seed0/r"]
+    # An eval of a run folder that is gone, by --model or the second of --compare's two.
+    (tmp_path / "runs" / "here").mkdir(parents=True)
+    for models in (["--model", "runs/gone/x"], ["--compare", "base", "runs/gone/x"],
+                   ["--compare", "runs/here", "runs/gone/x"]):
+        argv = ["horizonrl", "eval", *models, "--tasks", "4", "seed=0"]
+        assert figures.missing_inputs(argv, tmp_path) == ["runs/gone/x"]
+    assert figures.missing_inputs(["horizonrl", "eval", "--compare", "base", "runs/here",
+                                   "metrics.port=0"], tmp_path) == []
     (tmp_path / "runs/gone/seed0/r").mkdir(parents=True)
     assert figures.missing_inputs(summary, tmp_path) == []
 
