@@ -152,14 +152,17 @@ def main() -> None:
     out = Path(args.out) if args.out else runs
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, list[dict]]] = {}
+    t0 = time.perf_counter()
     with ray_session(RayConfig()):
         for name in args.schedules:
             for seed in args.seeds:
                 rows = run_one(name, table[name], seed, args.iterations, runs, args)
                 results.setdefault(name, {})[seed] = rows
-                # The command beside the schedules, so the file says what wrote it.
+                # The command (and the wall time so far) beside the schedules, so the file
+                # says what wrote it and how long that took.
                 (out / "results.json").write_text(json.dumps(
-                    {"command": command_line(), **results}, indent=1))
+                    {"command": command_line(),
+                     "wall_seconds": round(time.perf_counter() - t0, 1), **results}, indent=1))
     print(summarise(results, out, args.iterations))
     plot(results, out / "horizon_experiment.png")
     print(f"wrote {out}/results.md and horizon_experiment.png")

@@ -1,6 +1,6 @@
 """Soak: train for N minutes with BabyAI and SciWorld replicas and watch every process's memory.
 
-    .venv/bin/python bench/soak.py --minutes 30 [--recycle 10] [--out docs/soak]
+    .venv/bin/python bench/soak.py --minutes 30 [--recycle 10] [--out docs/soak] [KEY=VALUE ...]
 
 Starts `horizonrl train` (BabyAI + SciWorld mixed, SciWorld replicas recycled every `--recycle`
 episodes, one JVM each) and samples, every `--every` seconds, the RSS of every process of the run,
@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0, help="minutes left out of the slopes")
     ap.add_argument("--recycle", type=int, default=10, help="SciWorld episodes per replica")
     ap.add_argument("--out", default=None, help="folder for soak.json/md/png")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides for the run, after the "
+                    "soak's own (e.g. generator.trim_heap=false: the soak before the heap trim)")
     args = ap.parse_args()
     out = Path(args.out or ROOT / "runs" / f"soak__{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +101,7 @@ def main() -> None:
            "learner.dtype=fp32", "generator.dtype=float32",  # fixed, not the default's auto
            "generator.tasks_per_step=3", "generator.group_size=4",
            "generator.max_context_tokens=4096", "env.replicas_per_actor=12", "env.weight=2",
-           f"extra_envs=[{json.dumps(sciworld)}]"]
+           f"extra_envs=[{json.dumps(sciworld)}]", *args.overrides]
     log = (out / "train.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     t0 = time.monotonic()

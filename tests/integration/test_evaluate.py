@@ -37,6 +37,7 @@ def test_evaluation_is_reproducible(tiny_model_path, tmp_path, monkeypatch):
     assert all((tmp_path / "eval0" / f).exists() for f in ("results.md", "pass_at_k.png"))
 
 
+@pytest.mark.slow  # ~40 s (a CLI subprocess with its own Ray and vLLM); CI runs the slow set
 def test_eval_cli_records_its_command_beside_the_report(tiny_model_path, tmp_path):
     """`horizonrl eval` writes command.json next to results.json: its command splits back into
     the arguments given, so `make figures` (bench/figures.py) can run the evaluation again."""
