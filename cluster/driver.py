@@ -359,3 +359,10 @@ class Trainer:
         self.weights.close()  # a broadcast group is left before its learner rank goes
         self.learner.shutdown()
         self.ingest.stop()
+        # The rollout side goes too: a driver that runs several trainings in one Ray session
+        # (bench/horizon_experiment.py runs 12) would otherwise keep every run's generators,
+        # and the env actors they own, holding CPUs until the next run's pool cannot start.
+        import ray
+
+        for actor in (*self.generators, self.curriculum):
+            ray.kill(actor)

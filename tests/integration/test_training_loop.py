@@ -36,6 +36,20 @@ def cfg(tmp_path_factory):
     ])
 
 
+def _held_cpus(timeout_s: float = 60.0) -> float:
+    """Logical CPUs the session's actors still hold (ray.kill is asynchronous: bounded wait)."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
+        if held <= 1e-6 or time.monotonic() > deadline:
+            return held
+        time.sleep(1)
+
+
 def test_two_iterations_end_to_end(cfg):
     import ray
 
@@ -44,49 +58,55 @@ def test_two_iterations_end_to_end(cfg):
     from horizonrl.cluster.runtime import ray_session
 
     run_dir = make_run_dir(cfg)
-    with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
-        gen = trainer.generators[0]
-        assert ray.get(gen.get_policy_version.remote()) == 0
-        metrics, trajs = [], []
-        for _ in range(2):
-            metrics.append(trainer.step())
-            trajs += trainer.last_trajectories
-        fixed = [list(t.prompt_ids + t.response_ids) for t in trajs[:4]]
+    with ray_session(cfg.ray):
+        with Trainer(cfg, run_dir=run_dir) as trainer:
+            gen = trainer.generators[0]
+            assert ray.get(gen.get_policy_version.remote()) == 0
+            metrics, trajs = [], []
+            for _ in range(2):
+                metrics.append(trainer.step())
+                trajs += trainer.last_trajectories
+            fixed = [list(t.prompt_ids + t.response_ids) for t in trajs[:4]]
 
-        # Exactly once: what the generators reported sending is what the learner trained on.
-        ids = [t.trajectory_id for t in trajs]
-        assert len(ids) == len(set(ids)) == 2 * 4 * 4
-        assert all(m["trajectories_generated"] == 4 * 4 for m in metrics)
-        led = metrics[-1]["ledger"]
-        assert led["reconciled"] and led["generated"] == 2 * 4 * 4 == led["trained"] + \
-            led["dropped_total"]
-        assert trainer.ingest.stats()["duplicates"] == 0
-        # Every role on the one local node, as placement.json records it.
-        placed = json.loads((run_dir / "placement.json").read_text())
-        assert placed == {"driver": "127.0.0.1", "generators": ["127.0.0.1"],
-                          "env_actors": ["127.0.0.1"] * cfg.env.num_actors,
-                          "learner_ranks": ["127.0.0.1"] * cfg.learner.world_size}
+            # Exactly once: what the generators reported sending is what the learner trained on.
+            ids = [t.trajectory_id for t in trajs]
+            assert len(ids) == len(set(ids)) == 2 * 4 * 4
+            assert all(m["trajectories_generated"] == 4 * 4 for m in metrics)
+            led = metrics[-1]["ledger"]
+            assert led["reconciled"] and led["generated"] == 2 * 4 * 4 == led["trained"] + \
+                led["dropped_total"]
+            assert trainer.ingest.stats()["duplicates"] == 0
+            # Every role on the one local node, as placement.json records it.
+            placed = json.loads((run_dir / "placement.json").read_text())
+            assert placed == {"driver": "127.0.0.1", "generators": ["127.0.0.1"],
+                              "env_actors": ["127.0.0.1"] * cfg.env.num_actors,
+                              "learner_ranks": ["127.0.0.1"] * cfg.learner.world_size}
 
-        # No episode ran past the horizon in force, and the broadcast reached the generator.
-        assert [m["horizon"] for m in metrics] == [2, 3]
-        for t in trajs:
-            assert t.num_turns <= t.horizon
-        assert {t.horizon for t in trajs} == {2, 3}
+            # No episode ran past the horizon in force, and the broadcast reached the generator.
+            assert [m["horizon"] for m in metrics] == [2, 3]
+            for t in trajs:
+                assert t.num_turns <= t.horizon
+            assert {t.horizon for t in trajs} == {2, 3}
 
-        # The update reached the engine: version advanced, logprobs moved and match the learner.
-        assert ray.get(gen.get_policy_version.remote()) == 2
-        assert any(m["learner"]["skipped_update"] == 0.0 for m in metrics)
-        after = ray.get(gen.score.remote(fixed))
-        learner = trainer.learner.score(fixed)
-        # Behaviour logprobs recorded at version 0 are the "before" for the same tokens.
-        before = [[0.0] * len(t.prompt_ids) + list(t.response_logprobs) for t in trajs[:4]]
-        moved = max(abs(a - b) for s_a, s_b, t in zip(after, before, trajs[:4])
-                    for a, b, m in zip(s_a[len(t.prompt_ids):], s_b[len(t.prompt_ids):],
-                                       t.response_mask) if m)
-        assert moved > 1e-3, "generator logprobs did not change after two updates"
-        diff = max(abs(a - b) for s_a, s_b in zip(after, learner) for a, b in zip(s_a, s_b))
-        print(f"\nlogprobs moved by up to {moved:.4f}; max |vLLM - learner| = {diff:.2e}")
-        assert diff < LOGPROB_TOL, f"generator vs learner logprobs differ by {diff}"
+            # The update reached the engine: version advanced, logprobs moved and match the learner.
+            assert ray.get(gen.get_policy_version.remote()) == 2
+            assert any(m["learner"]["skipped_update"] == 0.0 for m in metrics)
+            after = ray.get(gen.score.remote(fixed))
+            learner = trainer.learner.score(fixed)
+            # Behaviour logprobs recorded at version 0 are the "before" for the same tokens.
+            before = [[0.0] * len(t.prompt_ids) + list(t.response_logprobs) for t in trajs[:4]]
+            moved = max(abs(a - b) for s_a, s_b, t in zip(after, before, trajs[:4])
+                        for a, b, m in zip(s_a[len(t.prompt_ids):], s_b[len(t.prompt_ids):],
+                                           t.response_mask) if m)
+            assert moved > 1e-3, "generator logprobs did not change after two updates"
+            diff = max(abs(a - b) for s_a, s_b in zip(after, learner) for a, b in zip(s_a, s_b))
+            print(f"\nlogprobs moved by up to {moved:.4f}; max |vLLM - learner| = {diff:.2e}")
+            assert diff < LOGPROB_TOL, f"generator vs learner logprobs differ by {diff}"
+        # Closing the trainer ended its actors, not only the learner ranks: a driver that
+        # trains again in the same Ray session starts with its CPUs free.
+        assert _held_cpus() == 0
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(gen.get_policy_version.remote(), timeout=60)
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1]
