@@ -8,9 +8,12 @@
 records the command that wrote it (`command`, or `commands` for a small set); files a command
 writes beside its results (eval reports, a build record) belong to the results file whose
 command names their folder. `--run` reruns every recorded command at the current code, in an order
-that writes training runs before the summaries that read them; a command whose inputs are gone
-(a run folder from an earlier session) is skipped and named. All of it takes many hours on 2
-cores; `--match` picks a subset by substring of the command or the file.
+that builds shared warm starts first (PREREQUISITES: the runs several results start from) and
+writes training runs before the summaries that read them. A run folder named with its start time
+(`<name>__<seed>__<time>`) stands for the one run of that name and seed in its folder now, so a
+summary of runs finds the runs that `--run` has just trained. A command whose inputs neither
+exist nor come from an earlier command of the plan is skipped and named. All of it takes many
+hours on 2 cores; `--match` picks a subset by substring of the command or the file.
 """
 
 from __future__ import annotations
@@ -34,6 +37,27 @@ READS_RUNS = ("bench/run_summary.py",)
 INPUT_FLAGS = ("--reuse-warm-start", "--model", "--compare")
 """Flags whose values (up to the next option) are inputs that must exist before the command
 can run; `base` is the config's own model."""
+OUTPUT_FLAGS = ("--runs",)
+"""Flags (and `run_root=`) whose value is a folder of training runs the command writes."""
+_TC_WS = ("horizonrl train --config configs/textcraft-bc-rl.yaml seed={s} "
+          "run_root=runs/tc-ws/seed{s} iterations=1 init.eval_tasks=0 learner.dtype=auto "
+          "generator.dtype=auto metrics.port=0")
+_DS_WS = ("horizonrl train --config configs/deepsearch-bc-rl.yaml seed={s} "
+          "run_root=runs/ds-ws/seed{s} iterations=1 init.eval_tasks=0 model.tiny.names=true "
+          "model.tiny.vocab_size=8192 model.tiny.reading=6000 model.tiny.pretrain_steps=900 "
+          "init.sft_epochs=8 metrics.port=0")
+PREREQUISITES: dict[str, tuple[str, ...]] = {
+    # Warm starts (demos + clone, one RL step) that several TextCraft and Deep Search results
+    # start from with --reuse-warm-start, as docs/long-horizon.md gives them, and the default
+    # run that docs/eval-babyai.md compares with the base model. They write runs, not results
+    # files, so no results file records them.
+    "runs/tc-ws": tuple(_TC_WS.format(s=s) for s in range(3)),
+    "runs/ds-ws": tuple(_DS_WS.format(s=s) for s in range(3)),
+    "runs/eval-babyai": ("horizonrl train --config configs/babyai-local.yaml "
+                         "run_root=runs/eval-babyai metrics.port=0",),
+}
+STAMPED = re.compile(r"^(?P<name>.+__\d+__)\d{8}-\d{6}$")
+"""A run folder's name: `<config name>__<seed>__<start time>`."""
 
 
 @dataclass(frozen=True)
@@ -113,19 +137,89 @@ def run_order(results: list[Result]) -> list[tuple[str, str]]:
     return sorted(seen.items(), key=lambda kv: any(s in kv[0] for s in READS_RUNS))
 
 
-def missing_inputs(argv: list[str], root: Path = ROOT) -> list[str]:
-    """Inputs named on the command line that are not there: run folders given to a summary,
-    the value of an input flag."""
-    gone = []
+def local(arg: str) -> str:
+    """An absolute path into another checkout's runs/ (an experiment run beside this one) as
+    the same path in this checkout's runs/, where the plan writes it; anything else as is."""
+    parts = Path(arg).parts
+    if not Path(arg).is_absolute() or "runs" not in parts or Path(arg).is_relative_to(ROOT):
+        return arg
+    return str(Path(*parts[parts.index("runs"):]))
+
+
+def inputs(argv: list[str]) -> list[str]:
+    """The paths a command reads that another command writes: run folders given to a summary,
+    the values of input flags."""
+    found = []
     if any(s in argv[1:2] for s in READS_RUNS):
-        gone += [a for a in argv[2:] if a.startswith("runs/") and not (root / a).exists()]
+        found += [a for a in argv[2:] if a.startswith("runs/")]
     for i, flag in enumerate(argv):
-        if flag not in INPUT_FLAGS:
+        if flag in INPUT_FLAGS:
+            found += [local(v) for v in itertools.takewhile(_is_value, argv[i + 1:])
+                      if v != "base"]
+    return found
+
+
+def outputs(argv: list[str]) -> list[str]:
+    """The run folders a command writes (`--runs R`, `run_root=R`)."""
+    found = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in OUTPUT_FLAGS]
+    return found + [a.split("=", 1)[1] for a in argv if a.startswith("run_root=")]
+
+
+def resolve(path: str, root: Path = ROOT) -> str:
+    """`path` itself when it exists; else, where a component is a stamped run folder that is
+    gone, the same path through the one run of that name and seed in its folder now (the run
+    a rerun wrote), when there is exactly one."""
+    if (root / path).exists():
+        return path
+    parts = Path(path).parts
+    for i, part in enumerate(parts):
+        m = STAMPED.match(part)
+        folder = root.joinpath(*parts[:i])
+        if not m or (folder / part).exists() or not folder.is_dir():
             continue
-        for value in itertools.takewhile(_is_value, argv[i + 1:]):
-            if value != "base" and not (root / value).exists():
-                gone.append(value)
-    return gone
+        runs = sorted(p.name for p in folder.iterdir() if p.name.startswith(m["name"]))
+        if len(runs) == 1:
+            return str(Path(*parts[:i], runs[0], *parts[i + 1:]))
+    return path
+
+
+def _overlaps(a: str, b: str) -> bool:
+    pa, pb = Path(a).parts, Path(b).parts
+    return pa[:len(pb)] == pb or pb[:len(pa)] == pa
+
+
+def missing_inputs(argv: list[str], root: Path = ROOT, produced: tuple[str, ...] = ()) -> \
+        list[str]:
+    """Inputs that are not there (after `resolve`) and that no folder in `produced` (the
+    outputs of the commands planned before this one) will hold."""
+    return [p for p in inputs(argv) if not (root / resolve(p, root)).exists()
+            and not any(_overlaps(p, out) for out in produced)]
+
+
+def plan(pairs: list[tuple[str, str]], root: Path = ROOT) -> list[tuple[str, str]]:
+    """`pairs` (command, results file) with the prerequisites they need that are not built yet
+    (command, its run folder), each command after those that write the runs it reads, and
+    otherwise in the order given."""
+    wanted = [p for c, _ in pairs for p in inputs(_split(c))]
+    steps = [(c, folder) for folder, cmds in PREREQUISITES.items()
+             if not (root / folder).exists() and any(_overlaps(p, folder) for p in wanted)
+             for c in cmds] + pairs
+    ins = [inputs(_split(c)) for c, _ in steps]
+    outs = [outputs(_split(c)) for c, _ in steps]
+    placed: set[int] = set()
+    order: list[tuple[str, str]] = []
+
+    def place(i: int) -> None:
+        placed.add(i)  # before its writers: a cycle cannot recurse for ever
+        for j in range(len(steps)):
+            if j not in placed and any(_overlaps(p, o) for p in ins[i] for o in outs[j]):
+                place(j)
+        order.append(steps[i])
+
+    for i in range(len(steps)):
+        if i not in placed:
+            place(i)
+    return order
 
 
 def _is_value(arg: str) -> bool:
@@ -135,20 +229,23 @@ def _is_value(arg: str) -> bool:
 
 def run(pairs: list[tuple[str, str]], *, dry_run: bool, keep_going: bool) -> int:
     failed = 0
+    produced: tuple[str, ...] = ()  # run folders the commands so far write
     for i, (command, path) in enumerate(pairs, 1):
         argv = _split(command)
-        if argv and argv[0] in ("python", "python3"):
-            argv[0] = sys.executable
-        elif argv and argv[0] == "horizonrl":  # the CLI of this interpreter's install
-            argv[:1] = [sys.executable, "-m", "horizonrl.cluster.cli"]
-        gone = missing_inputs(argv)
+        gone = missing_inputs(argv, produced=produced)
         head = f"[figures] {i}/{len(pairs)} {path}"
         if gone:
             print(f"{head}: skipped, inputs missing: {', '.join(gone)}", flush=True)
             continue
+        produced += tuple(outputs(argv))
         print(f"{head}: {command}", flush=True)
         if dry_run:
             continue
+        argv = [resolve(local(a)) if local(a).startswith("runs/") else a for a in argv]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        elif argv and argv[0] == "horizonrl":  # the CLI of this interpreter's install
+            argv[:1] = [sys.executable, "-m", "horizonrl.cluster.cli"]
         t0 = time.perf_counter()
         rc = subprocess.run(argv, cwd=ROOT).returncode
         print(f"{head}: rc {rc} ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -191,7 +288,7 @@ def main() -> None:
         raise SystemExit(1 if bad else 0)
     pairs = [(c, path) for c, path in run_order(results)
              if not args.match or args.match in c or args.match in path]
-    raise SystemExit(run(pairs, dry_run=args.dry_run, keep_going=args.keep_going))
+    raise SystemExit(run(plan(pairs), dry_run=args.dry_run, keep_going=args.keep_going))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
     .venv/bin/python bench/horizon_experiment.py [--iterations 60] [--seeds 0 1 2]
     # on a long task, from a behaviour-cloned model, each run scored at one fixed horizon:
     .venv/bin/python bench/horizon_experiment.py --config configs/babyai-maze-bc-rl.yaml \
-        --model runs/<run>/init/model --horizons 5 10 20 --eval-turns 20 --eval-tasks 100
+        --warm-start --horizons 5 10 20 --eval-turns 20 --eval-tasks 100
+
+`--warm-start` first runs the config's own warm start (expert demos, behaviour cloning) once, at
+the first seed, and starts every run from that clone; `--model M` starts them from a checkpoint
+you already have.
 
 Training runs go to RUNS/horizon-experiment__<time>/ (`--runs`, default runs); results.json (the
 command and, per schedule and seed, each step's figures), results.md (a table) and
@@ -20,6 +24,8 @@ import json
 import statistics
 import time
 from pathlib import Path
+
+from long_horizon import train
 
 from horizonrl.cluster.provenance import command_line
 
@@ -37,6 +43,15 @@ def schedules(short: int, mid: int, long: int) -> dict[str, list[str]]:
                      f"curriculum.horizon_step={step}",
                      "curriculum.window=6", "curriculum.truncation_threshold=0.25"],
     }
+
+
+def warm_start(config: str, seed: int, runs: Path) -> tuple[Path, float]:
+    """The config's warm start, once, at `seed`: a `horizonrl train` of one RL step (the
+    config's demos and behaviour cloning come first) in a subprocess, before this script starts
+    Ray. Returns the clone (init/model, written before RL) and the wall seconds."""
+    run_dir, seconds, _ = train(config, seed, runs / "warm-start",
+                                ["iterations=1", "checkpoint_every=0"])
+    return run_dir / "init" / "model", seconds
 
 
 def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Path,
@@ -135,7 +150,10 @@ def main() -> None:
     p.add_argument("--schedules", nargs="+", default=["fixed-short", "fixed-long", "stepwise",
                                                       "adaptive"])
     p.add_argument("--config", default="configs/babyai-local.yaml", help="base run config")
-    p.add_argument("--model", help="start every run from this checkpoint (model.path)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--model", help="start every run from this checkpoint (model.path)")
+    what.add_argument("--warm-start", action="store_true", help="first run the config's warm "
+                      "start at the first seed; every run starts from its clone")
     p.add_argument("--horizons", type=int, nargs=3, default=[2, 4, 8], metavar=("SHORT", "MID",
                    "LONG"), help="fixed-short, the stepwise middle stage, fixed-long")
     p.add_argument("--eval-turns", type=int, help="score each final policy on the eval split "
@@ -153,6 +171,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[int, list[dict]]] = {}
     t0 = time.perf_counter()
+    head: dict = {}
+    if args.warm_start:
+        clone, seconds = warm_start(args.config, args.seeds[0], runs)
+        args.model = str(clone)
+        head = {"clone": args.model, "warm_start_seconds": round(seconds, 1)}
+        print(f"[horizon] warm start done in {seconds:.0f} s: {clone}", flush=True)
     with ray_session(RayConfig()):
         for name in args.schedules:
             for seed in args.seeds:
@@ -161,7 +185,7 @@ def main() -> None:
                 # The command (and the wall time so far) beside the schedules, so the file
                 # says what wrote it and how long that took.
                 (out / "results.json").write_text(json.dumps(
-                    {"command": command_line(),
+                    {"command": command_line(), **head,
                      "wall_seconds": round(time.perf_counter() - t0, 1), **results}, indent=1))
     print(summarise(results, out, args.iterations))
     plot(results, out / "horizon_experiment.png")

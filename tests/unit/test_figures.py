@@ -82,3 +82,43 @@ def test_the_docs_link_only_to_files_that_exist() -> None:
     if not (ROOT / "docs").is_dir():
         pytest.skip("no docs/ in this checkout")
     assert figures.broken_links(ROOT) == []
+
+
+def test_plan_builds_prerequisites_and_writers_before_readers(tmp_path: Path) -> None:
+    """From a checkout without runs/: the shared warm starts first, then each command after the
+    command whose runs it reads, so nothing is skipped for an input the plan itself writes."""
+    rs = "python bench/long_horizon.py --out docs/a --runs runs/lh-a --reuse-warm-start runs/tc-ws"
+    summary = "python bench/run_summary.py runs/lh-b/seed0/cfg__0__20261201-143952 " \
+        "--out docs/b/t.json"
+    reader = "python bench/long_horizon.py --out docs/c --runs runs/lh-c --reuse-warm-start " \
+        "/elsewhere/exp/runs/lh-b"
+    writer = "python bench/long_horizon.py --out docs/b --runs runs/lh-b"
+    pairs = [(rs, "docs/a/results.json"), (reader, "docs/c/results.json"),
+             (writer, "docs/b/results.json"), (summary, "docs/b/t.json")]
+    got = figures.plan(pairs, tmp_path)
+    cmds = [c for c, _ in got]
+    assert cmds[:3] == list(figures.PREREQUISITES["runs/tc-ws"])
+    assert cmds[3:] == [rs, writer, reader, summary]
+    # Every input is written by an earlier command of the plan.
+    produced: tuple[str, ...] = ()
+    for c in cmds:
+        argv = figures._split(c)
+        assert figures.missing_inputs(argv, tmp_path, produced) == [], c
+        produced += tuple(figures.outputs(argv))
+    # Without the writer, its reader is missing an input; a built warm start is not rebuilt.
+    assert figures.missing_inputs(figures._split(reader), tmp_path) == ["runs/lh-b"]
+    (tmp_path / "runs" / "tc-ws").mkdir(parents=True)
+    assert [c for c, _ in figures.plan(pairs[:1], tmp_path)] == [rs]
+
+
+def test_a_stamped_run_stands_for_the_one_run_of_its_name_and_seed(tmp_path: Path) -> None:
+    gone = "runs/lh/seed0/cfg__0__20261201-143952/init/model"
+    assert figures.resolve(gone, tmp_path) == gone  # nothing there yet
+    (tmp_path / "runs/lh/seed0/cfg__0__20261203-101010/init/model").mkdir(parents=True)
+    (tmp_path / "runs/lh/seed0/other__0__20261203-101010").mkdir()
+    assert figures.resolve(gone, tmp_path) == "runs/lh/seed0/cfg__0__20261203-101010/init/model"
+    (tmp_path / "runs/lh/seed0/cfg__0__20261204-101010").mkdir()
+    assert figures.resolve(gone, tmp_path) == gone  # two candidates: none is chosen
+    assert figures.local("/elsewhere/exp/runs/lh-b/seed0") == "runs/lh-b/seed0"
+    assert figures.local(str(ROOT / "runs" / "x")) == str(ROOT / "runs" / "x")
+    assert figures.local("docs/x") == "docs/x"
