@@ -1,7 +1,8 @@
 """The results behind README.md and docs/: list them, check the links to them, run them again.
 
     .venv/bin/python bench/figures.py --list              # each results file and its command
-    .venv/bin/python bench/figures.py --check             # links resolve; who wrote what
+    .venv/bin/python bench/figures.py --check             # links resolve; who wrote what;
+                                                          # which results predate their code
     .venv/bin/python bench/figures.py --run [--match S]   # rerun the recorded commands
 
 (`make figures`, `make figures-check`.) A results file is a committed JSON under docs/ that
@@ -56,6 +57,8 @@ PREREQUISITES: dict[str, tuple[str, ...]] = {
     "runs/eval-babyai": ("horizonrl train --config configs/babyai-local.yaml "
                          "run_root=runs/eval-babyai metrics.port=0",),
 }
+CODE = ("actors", "cluster", "envpool", "learner", "protos", "configs", "pyproject.toml")
+"""What every result depends on; a result also depends on the scripts its commands run."""
 STAMPED = re.compile(r"^(?P<name>.+__\d+__)\d{8}-\d{6}$")
 """A run folder's name: `<config name>__<seed>__<start time>`."""
 
@@ -111,6 +114,25 @@ def _split(command: str) -> list[str]:
         return shlex.split(command)
     except ValueError:  # an unbalanced quote in a hand-written command: plain words
         return command.split()
+
+
+def code_commits_since(result: Result, root: Path = ROOT) -> int | None:
+    """How many commits changed the code behind `result` (CODE and the bench scripts its
+    commands run) after the commit that last wrote it; None outside a git checkout. By commit
+    order: a file produced before a code change and committed after it counts as current."""
+    scripts = [a for c in result.commands for a in _split(c) if a.startswith("bench/")]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        written = git("log", "-1", "--format=%H", "--", result.path)
+        if not written:
+            return None
+        return int(git("rev-list", "--count", f"{written}..HEAD", "--", *CODE, *scripts))
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return None
 
 
 def broken_links(root: Path = ROOT) -> list[str]:
@@ -262,7 +284,7 @@ def main() -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--list", action="store_true", help="each results file and its command")
     what.add_argument("--check", action="store_true", help="links resolve; list the JSON no "
-                      "command accounts for")
+                      "command accounts for and the results older than their code")
     what.add_argument("--run", action="store_true", help="rerun the recorded commands")
     p.add_argument("--match", help="only commands or results files containing this text")
     p.add_argument("--dry-run", action="store_true", help="with --run: print, do not run")
@@ -283,8 +305,14 @@ def main() -> None:
             print(f"broken link: {line}")
         for path in orphans:
             print(f"no recorded command: {path}")
+        stale = 0
+        for r in results:
+            if r.commands and (n := code_commits_since(r)):
+                stale += 1
+                print(f"older than the code: {r.path} ({n} code commits since it was written)")
         print(f"[figures] {len(results)} results files, {len(orphans)} without a recorded "
-              f"command; {len(bad)} broken links")
+              f"command, {stale} of those with one written before the code's last change; "
+              f"{len(bad)} broken links")
         raise SystemExit(1 if bad else 0)
     pairs = [(c, path) for c, path in run_order(results)
              if not args.match or args.match in c or args.match in path]

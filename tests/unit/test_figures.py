@@ -122,3 +122,30 @@ def test_a_stamped_run_stands_for_the_one_run_of_its_name_and_seed(tmp_path: Pat
     assert figures.local("/elsewhere/exp/runs/lh-b/seed0") == "runs/lh-b/seed0"
     assert figures.local(str(ROOT / "runs" / "x")) == str(ROOT / "runs" / "x")
     assert figures.local("docs/x") == "docs/x"
+
+
+def test_a_result_is_older_than_the_code_changed_after_it(tmp_path: Path) -> None:
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "learner").mkdir()
+    result = figures.Result("docs/r.json", ("python bench/a.py --out docs/r.json",))
+    for path in ("docs/r.json", "bench/a.py", "bench/b.py", "learner/x.py"):
+        (tmp_path / path).write_text("1")
+    git("add", "-A")
+    git("commit", "-qm", "all")
+    assert figures.code_commits_since(result, tmp_path) == 0
+    (tmp_path / "bench/b.py").write_text("2")  # another script: not this result's code
+    git("commit", "-qam", "b")
+    assert figures.code_commits_since(result, tmp_path) == 0
+    for path in ("learner/x.py", "bench/a.py"):
+        (tmp_path / path).write_text("2")
+        git("commit", "-qam", path)
+    assert figures.code_commits_since(result, tmp_path) == 2
+    assert figures.code_commits_since(figures.Result("docs/new.json", ()), tmp_path) is None
