@@ -1,12 +1,14 @@
 """GRPO, RLOO, REINFORCE++ and PPO (and rejection sampling) on the embedded BabyAI default,
 each from the CLI with the same seed and budget, summarised as one table.
 
-    .venv/bin/python bench/algorithms.py [--iterations 60] [--algorithms grpo rloo ...]
+    .venv/bin/python bench/algorithms.py [--iterations 60] [--algorithms grpo rloo ...] \
+        [--out docs/algorithms]
 
 Each run is `horizonrl train --config configs/babyai-local.yaml learner.algorithm=X` in its own
-process (so a crash in one is reported, not fatal). Writes runs/algorithms__<time>/results.md
-and prints it: mean success over the first and last fifth of the steps, the best step, invalid
-actions in the last fifth, and seconds per iteration.
+process (so a crash in one is reported, not fatal); the runs go to runs/algorithms__<time>/.
+Writes OUT/results.json (the command, the wall time, each algorithm's figures) and OUT/results.md
+(OUT defaults to the runs' folder) and prints the table: mean success over the first and last
+fifth of the steps, the best step, invalid actions in the last fifth, and seconds per iteration.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"]
@@ -52,26 +56,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
+    ap.add_argument("--out", help="folder for results.json and results.md (default: the runs')")
     args = ap.parse_args()
-    out = ROOT / "runs" / f"algorithms__{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True)
+    runs = ROOT / "runs" / f"algorithms__{time.strftime('%Y%m%d-%H%M%S')}"
+    runs.mkdir(parents=True)
+    out = Path(args.out) if args.out else runs
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    results: dict[str, dict | None] = {}
     lines = ["| algorithm | success, first fifth | success, last fifth | best step | "
              "invalid actions, last fifth | s/iteration | status |",
              "|---|---|---|---|---|---|---|"]
     for algo in args.algorithms:
         print(f"[bench] {algo}: {args.iterations} iterations ...", flush=True)
-        rc, run_dir, secs = run(algo, args.iterations, out)
+        rc, run_dir, secs = run(algo, args.iterations, runs)
         if rc != 0 or run_dir is None:
-            lines.append(f"| {algo} | | | | | | failed (rc {rc}), see {algo}.log |")
+            results[algo] = None
+            lines.append(f"| {algo} | | | | | | failed (rc {rc}), see {runs}/{algo}.log |")
             continue
         s = summarise(run_dir)
+        results[algo] = {**s, "seconds": round(secs, 1)}
         lines.append(f"| {algo} | {s['first']:.3f} | {s['last']:.3f} | {s['best']:.3f} | "
                      f"{s['invalid_last']:.3f} | {s['sec_per_it']:.2f} | ok, {s['steps']} steps, "
                      f"{secs:.0f} s |")
         print(lines[-1], flush=True)
     table = "\n".join(lines)
-    (out / "results.md").write_text(table + "\n")
-    print(f"\n{table}\n\nwritten to {out / 'results.md'}")
+    (out / "results.json").write_text(json.dumps(
+        {"command": command_line(), "wall_seconds": round(time.perf_counter() - t0, 1),
+         "iterations": args.iterations, "algorithms": results}, indent=1))
+    (out / "results.md").write_text(f"`{command_line()}`\n\n{table}\n")
+    print(f"\n{table}\n\nwritten to {out}/results.json and results.md")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Sync vs async (max_staleness 1 and 2) on the embedded BabyAI default, same budget and seed.
 
-    .venv/bin/python bench/async_vs_sync.py [--iterations 40] [--generators 1]
+    .venv/bin/python bench/async_vs_sync.py [--iterations 40] [--generators 1] [--out DIR]
 
 Each mode runs `horizonrl train --config configs/babyai-local.yaml` for the same number of
 iterations (policy updates) in its own process. Printed, as ratios to sync: iterations per hour
@@ -8,7 +8,8 @@ and trained samples per hour (wall clock from the first to the last iteration, s
 excluded), plus success over the last fifth and the mean lag of trained data. Reading it on this
 machine: generation and the learner ranks share 2 CPU cores, so overlapping them gains only what
 one phase leaves idle; on a cluster where generators and learner own their devices the overlap is
-the point.
+the point. Runs go to runs/async-vs-sync__<time>/; OUT/results.json (the command, the wall time,
+each mode's figures) and OUT/results.md (OUT defaults to the runs' folder).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"sync": ["mode=sync"],
@@ -59,13 +62,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--generators", type=int, default=1)
+    ap.add_argument("--out", help="folder for results.json and results.md (default: the runs')")
     args = ap.parse_args()
-    out = ROOT / "runs" / f"async-vs-sync__{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True)
+    runs = ROOT / "runs" / f"async-vs-sync__{time.strftime('%Y%m%d-%H%M%S')}"
+    runs.mkdir(parents=True)
+    out = Path(args.out) if args.out else runs
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     results = {}
     for name, overrides in MODES.items():
         print(f"[bench] {name}: {args.iterations} iterations ...", flush=True)
-        run_dir = run(name, overrides, args.iterations, args.generators, out)
+        run_dir = run(name, overrides, args.iterations, args.generators, runs)
         results[name] = summarise(run_dir) if run_dir else None
     base = results["sync"]
     lines = ["| mode | iterations/h | samples/h | vs sync (its) | vs sync (samples) | "
@@ -73,7 +80,7 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         if r is None:
-            lines.append(f"| {name} | failed, see the log in {out} |||||||")
+            lines.append(f"| {name} | failed, see the log in {runs} |||||||")
             continue
         its = r["its_per_hour"] / base["its_per_hour"] if base else float("nan")
         smp = r["samples_per_hour"] / base["samples_per_hour"] if base else float("nan")
@@ -81,8 +88,12 @@ def main() -> None:
                      f"{its:.2f}x | {smp:.2f}x | {r['success_last']:.3f} | {r['lag']:.2f} | "
                      f"{r['dropped']:.0f} |")
     table = "\n".join(lines)
-    (out / "results.md").write_text(table + "\n")
-    print(f"\n{table}\n\nwritten to {out / 'results.md'}")
+    (out / "results.json").write_text(json.dumps(
+        {"command": command_line(), "wall_seconds": round(time.perf_counter() - t0, 1),
+         "iterations": args.iterations, "generators": args.generators, "modes": results},
+        indent=1))
+    (out / "results.md").write_text(f"`{command_line()}`\n\n{table}\n")
+    print(f"\n{table}\n\nwritten to {out}/results.json and results.md")
 
 
 if __name__ == "__main__":

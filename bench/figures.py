@@ -150,6 +150,32 @@ def broken_links(root: Path = ROOT) -> list[str]:
     return bad
 
 
+def commands_not_shown(root: Path = ROOT) -> list[str]:
+    """`page: results file` for each results file a page links to (or to a file beside it)
+    whose recorded command the page does not give word for word (line breaks aside)."""
+    by_path = {r.path: r for r in results_files(root)}
+    missing = []
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        if not page.exists() or page.name == "results.md":  # a command's own report
+            continue
+        text = " ".join(page.read_text().replace("`", " ").split())
+        shown = set()
+        for target in LINK.findall(page.read_text()):
+            path = (page.parent / target).resolve()
+            if "://" in target or not path.is_relative_to(root.resolve()):
+                continue
+            rel = str(path.relative_to(root.resolve()))
+            beside = [rel] if rel in by_path else \
+                [p for p in by_path if str(Path(p).parent) == str(Path(rel).parent)]
+            for res in beside:
+                if res in shown or not by_path[res].commands:
+                    continue
+                shown.add(res)
+                if any(" ".join(c.split()) not in text for c in by_path[res].commands):
+                    missing.append(f"{page.relative_to(root)}: {res}")
+    return missing
+
+
 def run_order(results: list[Result]) -> list[tuple[str, str]]:
     """(command, results file) pairs, each command once, summaries of runs last."""
     seen: dict[str, str] = {}
@@ -305,14 +331,17 @@ def main() -> None:
             print(f"broken link: {line}")
         for path in orphans:
             print(f"no recorded command: {path}")
+        unshown = commands_not_shown()
+        for line in unshown:
+            print(f"command not on the page: {line}")
         stale = 0
         for r in results:
             if r.commands and (n := code_commits_since(r)):
                 stale += 1
                 print(f"older than the code: {r.path} ({n} code commits since it was written)")
         print(f"[figures] {len(results)} results files, {len(orphans)} without a recorded "
-              f"command, {stale} of those with one written before the code's last change; "
-              f"{len(bad)} broken links")
+              f"command, {stale} of those with one written before the code's last change, "
+              f"{len(unshown)} linked without their command; {len(bad)} broken links")
         raise SystemExit(1 if bad else 0)
     pairs = [(c, path) for c, path in run_order(results)
              if not args.match or args.match in c or args.match in path]
