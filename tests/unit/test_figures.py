@@ -149,3 +149,15 @@ def test_a_result_is_older_than_the_code_changed_after_it(tmp_path: Path) -> Non
         git("commit", "-qam", path)
     assert figures.code_commits_since(result, tmp_path) == 2
     assert figures.code_commits_since(figures.Result("docs/new.json", ()), tmp_path) is None
+
+
+def test_a_page_gives_the_command_of_each_results_file_it_links(tmp_path: Path) -> None:
+    cmd = shlex.join(["python", "bench/long_horizon.py", "--out", "docs/exp", DICT_ARG])
+    (tmp_path / "docs" / "exp").mkdir(parents=True)
+    (tmp_path / "docs" / "exp" / "results.json").write_text(json.dumps({"command": cmd}))
+    (tmp_path / "docs" / "exp" / "plot.png").write_text("")
+    wrapped = cmd.replace(" --out ", "\n  --out ")  # a command wrapped inside backticks
+    (tmp_path / "docs" / "good.md").write_text(f"`{wrapped}` -> [r](exp/results.json)")
+    (tmp_path / "docs" / "bad.md").write_text("![plot](exp/plot.png), `" + cmd[:-3] + "`")
+    (tmp_path / "docs" / "exp" / "results.md").write_text("[r](results.json)")  # its own report
+    assert figures.commands_not_shown(tmp_path) == ["docs/bad.md: docs/exp/results.json"]
