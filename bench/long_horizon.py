@@ -7,8 +7,9 @@ For each seed, one `horizonrl train --config C seed=S` (the config's warm start:
 SFT, then RL) in a subprocess, timed; then the base model, the cloned model (<run>/init/model)
 and the final RL checkpoint are evaluated on the same eval-split tasks at one turn budget
 (`split` eval: held-out tasks; train-new: training tasks in instances training never drew).
-Writes OUT/results.json (every number, the command, wall times), OUT/results.md and the eval
-reports; the runs themselves go to --runs.
+Writes OUT/results.json (every number, the command, wall times), OUT/results.md, the eval
+reports and OUT/training.json (bench/run_summary.py's figures of the RL phase of each run); the
+runs themselves go to --runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from run_summary import write as write_training
 
 from horizonrl.cluster.provenance import command_line
 
@@ -167,6 +170,8 @@ def main() -> None:
         (out / "results.json").write_text(json.dumps(
             {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,
              "samples": args.samples, "per_seed": per_seed}, indent=1))
+    write_training([Path(r["run_dir"]) for r in per_seed.values()], out / "training.json",
+                   5, command)
     text, summary = table(per_seed, args.splits)
     (out / "results.json").write_text(json.dumps(
         {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,

@@ -56,12 +56,16 @@ def main() -> None:
     p.add_argument("--window", type=int, default=5, help="first and last steps compared")
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    rows = [summarise(Path(r), args.window) for r in args.runs]
+    write([Path(r) for r in args.runs], Path(args.out), args.window, command_line())
+
+
+def write(runs: list[Path], out: Path, window: int, command: str) -> None:
+    """Summarise `runs` into `out`, recording `command` (bench/long_horizon.py calls this for
+    the runs it trains, so its own command accounts for the file)."""
+    rows = [summarise(r, window) for r in runs]
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if k != "env_success"}), flush=True)
-    Path(args.out).write_text(json.dumps({
-        "command": command_line(),
-        "window": args.window, "runs": rows}, indent=1))
+    out.write_text(json.dumps({"command": command, "window": window, "runs": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -161,3 +161,24 @@ def test_a_page_gives_the_command_of_each_results_file_it_links(tmp_path: Path) 
     (tmp_path / "docs" / "bad.md").write_text("![plot](exp/plot.png), `" + cmd[:-3] + "`")
     (tmp_path / "docs" / "exp" / "results.md").write_text("[r](results.json)")  # its own report
     assert figures.commands_not_shown(tmp_path) == ["docs/bad.md: docs/exp/results.json"]
+
+
+def test_the_training_summary_records_the_command_that_trained_the_runs(tmp_path: Path) -> None:
+    """bench/long_horizon.py writes training.json itself, under its own command, so a rerun
+    needs no second command naming run folders by their start time."""
+    import run_summary
+
+    run = tmp_path / "seed0" / "cfg__0__20261203-101010"
+    run.mkdir(parents=True)
+    rows = [{"success_rate": s, "invalid_action_rate": 0.5 - s / 2, "learner/groups_kept": k,
+             "learner/rows_trained": 8 * k, "env/babyai/success_rate": s}
+            for s, k in ((0.0, 0), (0.2, 2), (0.4, 3), (0.6, 4))]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "training.json"
+    run_summary.write([run], out, 2, "python bench/long_horizon.py --out x")
+    got = json.loads(out.read_text())
+    assert got["command"] == "python bench/long_horizon.py --out x" and got["window"] == 2
+    (r,) = got["runs"]
+    assert r["steps"] == 4 and r["steps_without_signal"] == 1 and r["groups_kept_mean"] == 2.25
+    assert r["success"] == [0.1, 0.5] and r["env_success"] == {"babyai": [0.1, 0.5]}
+    assert r["episodes_trained_mean"] == 18.0
