@@ -230,6 +230,7 @@ def main() -> int:
     gpus = torch.cuda.device_count()
     print(f"CUDA devices: {gpus}", flush=True)
     summary: dict[str, str] = {}
+    detail: dict[str, list[str]] = {}  # each check's PASS/FAIL lines, measured figures in them
     with tempfile.TemporaryDirectory(prefix="horizonrl-gpu-check-") as tmp:
         model = build_tiny_model(Path(tmp) / "tiny", transcripts=300, pretrain_steps=4,
                                  batch_size=8, seed=0)
@@ -257,10 +258,11 @@ def main() -> int:
                 lines = [(False, f"raised {type(e).__name__}: {e}")]
             ok = all([_line(good, f"{name}: {text}") for good, text in lines])
             summary[name] = "pass" if ok else "fail"
+            detail[name] = [f"{'PASS' if good else 'FAIL'} {text}" for good, text in lines]
     print(json.dumps({"cuda_devices": gpus, "checks": summary}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"command": command_line(), "cuda_devices": gpus,
-                                               "checks": summary}, indent=1))
+                                               "checks": summary, "lines": detail}, indent=1))
     return 1 if "fail" in summary.values() else 0
 
 
