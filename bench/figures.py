@@ -162,8 +162,9 @@ def commands_not_shown(root: Path = ROOT) -> list[str]:
         shown = set()
         for target in LINK.findall(page.read_text()):
             path = (page.parent / target).resolve()
-            if "://" in target or not path.is_relative_to(root.resolve()):
-                continue
+            if "://" in target or target.endswith(".md") or \
+                    not path.is_relative_to(root.resolve()):
+                continue  # another page gives its own results' commands
             rel = str(path.relative_to(root.resolve()))
             beside = [rel] if rel in by_path else \
                 [p for p in by_path if str(Path(p).parent) == str(Path(rel).parent)]

@@ -160,6 +160,7 @@ def test_a_page_gives_the_command_of_each_results_file_it_links(tmp_path: Path) 
     (tmp_path / "docs" / "good.md").write_text(f"`{wrapped}` -> [r](exp/results.json)")
     (tmp_path / "docs" / "bad.md").write_text("![plot](exp/plot.png), `" + cmd[:-3] + "`")
     (tmp_path / "docs" / "exp" / "results.md").write_text("[r](results.json)")  # its own report
+    (tmp_path / "docs" / "other.md").write_text("[see](good.md), [also](exp/results.md)")
     assert figures.commands_not_shown(tmp_path) == ["docs/bad.md: docs/exp/results.json"]
 
 
