@@ -7,7 +7,8 @@ step carried a learning signal, and how success and invalid actions moved.
 Per run: steps; groups kept per step (those whose rewards differ; the others have advantage 0
 and are dropped), mean and the number of steps with none; rows (episodes, or turns in window
 mode; rejection sampling: distinct successes) trained per step; success and invalid-action rate over
-the first and last `--window` steps; per env label, success over the same windows.
+the first and last `--window` steps; per env label, success over the same windows; with
+demonstration replay, the replayed demonstrations' loss over the same windows.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def summarise(run: Path, window: int) -> dict:
     key = "learner/groups_kept" if any("learner/groups_kept" in m for m in ms) else \
         "sampling/groups_with_signal"
     kept = [m[key] for m in ms if key in m]
+    # Behaviour-cloning replay (init.replay_batch): the replayed demonstrations' loss.
+    replay = sorted({k for m in ms for k in m if "replay_" in k and k.endswith("loss")})
     envs = sorted({k.split("/")[1] for m in ms for k in m if k.startswith("env/")
                    and k.endswith("/success_rate")})
     return {
@@ -45,6 +48,7 @@ def summarise(run: Path, window: int) -> dict:
         "success": [mean("success_rate", first), mean("success_rate", last)],
         "invalid_action_rate": [mean("invalid_action_rate", first),
                                 mean("invalid_action_rate", last)],
+        **({"replay_loss": [mean(replay[0], first), mean(replay[0], last)]} if replay else {}),
         "env_success": {e: [mean(f"env/{e}/success_rate", first),
                             mean(f"env/{e}/success_rate", last)] for e in envs},
     }

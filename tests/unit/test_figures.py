@@ -182,4 +182,10 @@ def test_the_training_summary_records_the_command_that_trained_the_runs(tmp_path
     (r,) = got["runs"]
     assert r["steps"] == 4 and r["steps_without_signal"] == 1 and r["groups_kept_mean"] == 2.25
     assert r["success"] == [0.1, 0.5] and r["env_success"] == {"babyai": [0.1, 0.5]}
-    assert r["episodes_trained_mean"] == 18.0
+    assert r["episodes_trained_mean"] == 18.0 and "replay_loss" not in r
+    rows[-1]["learner/replay_loss"] = 0.2
+    rows[-2]["learner/replay_loss"] = 0.4
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    run_summary.write([run], out, 2, "c")
+    first, last = json.loads(out.read_text())["runs"][0]["replay_loss"]
+    assert first != first and last == 0.3  # no replay in the first window: NaN
