@@ -61,6 +61,9 @@ def main() -> None:
             replicas = 4 if env == "sciworld" else min(n, 64)
             cfg = load_config(None, [f"env.name={env}", f"env.kwargs={json.dumps(kwargs)}",
                                      f"env.replicas_per_actor={replicas}",
+                                     # the tokenizer's folder: no model reads these tokens,
+                                     # so a context beyond the tiny model's 4,096 is allowed
+                                     f"model.path={model}",
                                      "generator.max_context_tokens=32768"])
             t0 = time.perf_counter()
             s = collect_demos(cfg, model_path=model, episodes=n, out=Path(tmp) / label,
