@@ -1,13 +1,14 @@
 """Generator memory with and without the heap trim after each rollout, in one run.
 
-    .venv/bin/python bench/heap_trim.py [--rollouts 300] [--warmup 100]
+    .venv/bin/python bench/heap_trim.py [--rollouts 300] [--warmup 100] [--out FILE]
 
 Runs the generator's rollout loop (the real GeneratorActor as a plain class: vLLM, BabyAI env
 actors on a local Ray, the gRPC sender into a real ingest) on the embedded default's model, once
 with `generator.trim_heap=false` and once with it on, each in a fresh process with the same seed.
 RSS is sampled every 10 rollouts. Printed per variant: RSS at the end of the warm-up, its growth
 from there to the end and to the peak, and seconds per rollout; then the trim's ratios to the
-baseline (growth, seconds per rollout). Without the trim, glibc keeps the freed memory of the
+baseline (growth, seconds per rollout); `--out` also writes them, with the command, as JSON.
+Without the trim, glibc keeps the freed memory of the
 varied buffers of multi-turn rollouts (docs/reliability.md, "Soak").
 """
 
@@ -20,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rollouts", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=100, help="rollouts left out of the growth")
+    ap.add_argument("--out", help="also write the figures and the command here (JSON)")
     ap.add_argument("--child", choices=["off", "on"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -91,9 +95,15 @@ def main() -> None:
         print(f"| {v} | {r['rss_at_warmup_mb']:.0f} | {r['growth_to_end_mb']:+.0f} | "
               f"{r['growth_to_peak_mb']:+.0f} | {r['seconds_per_rollout']:.3f} |")
     off, on = rows["off"], rows["on"]
-    print(f"\nratios, trim on / off: growth to peak "
-          f"{on['growth_to_peak_mb'] / max(off['growth_to_peak_mb'], 1e-9):.2f}, "
-          f"seconds per rollout {on['seconds_per_rollout'] / off['seconds_per_rollout']:.3f}")
+    ratios = {"growth_to_peak": on["growth_to_peak_mb"] / max(off["growth_to_peak_mb"], 1e-9),
+              "seconds_per_rollout": on["seconds_per_rollout"] / off["seconds_per_rollout"]}
+    print(f"\nratios, trim on / off: growth to peak {ratios['growth_to_peak']:.2f}, "
+          f"seconds per rollout {ratios['seconds_per_rollout']:.3f}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(
+            {"command": command_line(), "rollouts": args.rollouts, "warmup": args.warmup,
+             "trim_heap": rows, "ratios_on_off": ratios}, indent=1))
 
 
 if __name__ == "__main__":
