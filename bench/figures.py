@@ -51,7 +51,8 @@ PREREQUISITES: dict[str, tuple[str, ...]] = {
     # Warm starts (demos + clone, one RL step) that several TextCraft and Deep Search results
     # start from with --reuse-warm-start, as docs/long-horizon.md gives them, and the default
     # run that docs/eval-babyai.md compares with the base model. They write runs, not results
-    # files, so no results file records them.
+    # files, so no results file records them. (Deep Search's seed 0 first reused the
+    # deepsearch-names-reading run's warm start, the same recipe; here it is built like 1, 2.)
     "runs/tc-ws": tuple(_TC_WS.format(s=s) for s in range(3)),
     "runs/ds-ws": tuple(_DS_WS.format(s=s) for s in range(3)),
     "runs/eval-babyai": ("horizonrl train --config configs/babyai-local.yaml "
