@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from report import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"]
@@ -81,10 +81,7 @@ def main() -> None:
                      f"{secs:.0f} s |")
         print(lines[-1], flush=True)
     table = "\n".join(lines)
-    (out / "results.json").write_text(json.dumps(
-        {"command": command_line(), "wall_seconds": round(time.perf_counter() - t0, 1),
-         "iterations": args.iterations, "algorithms": results}, indent=1))
-    (out / "results.md").write_text(f"`{command_line()}`\n\n{table}\n")
+    write_results(out, {"iterations": args.iterations, "algorithms": results}, table, started=t0)
     print(f"\n{table}\n\nwritten to {out}/results.json and results.md")
 
 

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from report import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"sync": ["mode=sync"],
@@ -88,11 +88,8 @@ def main() -> None:
                      f"{its:.2f}x | {smp:.2f}x | {r['success_last']:.3f} | {r['lag']:.2f} | "
                      f"{r['dropped']:.0f} |")
     table = "\n".join(lines)
-    (out / "results.json").write_text(json.dumps(
-        {"command": command_line(), "wall_seconds": round(time.perf_counter() - t0, 1),
-         "iterations": args.iterations, "generators": args.generators, "modes": results},
-        indent=1))
-    (out / "results.md").write_text(f"`{command_line()}`\n\n{table}\n")
+    write_results(out, {"iterations": args.iterations, "generators": args.generators,
+                        "modes": results}, table, started=t0)
     print(f"\n{table}\n\nwritten to {out}/results.json and results.md")
 
 

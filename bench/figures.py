@@ -159,9 +159,10 @@ def commands_not_shown(root: Path = ROOT) -> list[str]:
     for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
         if not page.exists() or page.name == "results.md":  # a command's own report
             continue
-        text = " ".join(page.read_text().replace("`", " ").split())
+        raw = page.read_text()
+        text = " ".join(raw.replace("`", " ").split())
         shown = set()
-        for target in LINK.findall(page.read_text()):
+        for target in LINK.findall(raw):
             path = (page.parent / target).resolve()
             if "://" in target or target.endswith(".md") or \
                     not path.is_relative_to(root.resolve()):

@@ -5,9 +5,9 @@ printed (its ledger, status counts, JVM memory) beside its outcome.
     .venv/bin/python bench/reliability.py --out docs/reliability/results.json
 
 The tests: all of tests/chaos and tests/fuzz (slow ones included) and the SciWorld recycling
-test. pytest
-writes a JUnit XML with each test's captured output (`junit_logging=system-out`); this script
-keeps, per test, the outcome, the seconds and the printed lines, and records its command.
+test. pytest writes a JUnit XML with each test's captured output (`junit_logging=system-out`);
+this script keeps, per test, the outcome, the seconds and the printed lines, and records its
+command.
 """
 
 from __future__ import annotations

@@ -189,3 +189,15 @@ def test_the_training_summary_records_the_command_that_trained_the_runs(tmp_path
     run_summary.write([run], out, 2, "c")
     first, last = json.loads(out.read_text())["runs"][0]["replay_loss"]
     assert first != first and last == 0.3  # no replay in the first window: NaN
+
+
+def test_write_results_records_the_command_beside_the_fields_and_the_table(tmp_path: Path) -> None:
+    import time
+
+    from report import write_results
+
+    write_results(tmp_path, {"modes": {"sync": 1.0}}, "| a |\n|---|", started=time.perf_counter())
+    got = json.loads((tmp_path / "results.json").read_text())
+    assert list(got) == ["command", "wall_seconds", "modes"] and got["modes"] == {"sync": 1.0}
+    assert got["command"] == command_line() and got["wall_seconds"] >= 0
+    assert (tmp_path / "results.md").read_text() == f"`{command_line()}`\n\n| a |\n|---|\n"
