@@ -33,13 +33,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 """A markdown link's target (anchors dropped)."""
-READS_RUNS = ("bench/run_summary.py",)
-"""Scripts that summarise training runs another command writes: they go last."""
+READS_RUNS = ("bench/run_summary.py", "bench/miniwob_tasks.py")
+"""Scripts that summarise what another command wrote (training runs, an OUT folder's
+evaluations), named by their positional arguments: they go last."""
 INPUT_FLAGS = ("--reuse-warm-start", "--model", "--compare")
 """Flags whose values (up to the next option) are inputs that must exist before the command
 can run; `base` is the config's own model."""
-OUTPUT_FLAGS = ("--runs",)
-"""Flags (and `run_root=`) whose value is a folder of training runs the command writes."""
+OUTPUT_FLAGS = ("--runs", "--out")
+"""Flags (and `run_root=`) whose value is a folder (of training runs, of results) the command
+writes."""
 _TC_WS = ("horizonrl train --config configs/textcraft-bc-rl.yaml seed={s} "
           "run_root=runs/tc-ws/seed{s} iterations=1 init.eval_tasks=0 learner.dtype=auto "
           "generator.dtype=auto metrics.port=0")
@@ -198,11 +200,12 @@ def local(arg: str) -> str:
 
 
 def inputs(argv: list[str]) -> list[str]:
-    """The paths a command reads that another command writes: run folders given to a summary,
+    """The paths a command reads that another command writes: the folders a summary is given,
     the values of input flags."""
     found = []
     if any(s in argv[1:2] for s in READS_RUNS):
-        found += [a for a in argv[2:] if a.startswith("runs/")]
+        found += [a for i, a in enumerate(argv[2:], 2)
+                  if a.startswith(("runs/", "docs/")) and not argv[i - 1].startswith("--")]
     for i, flag in enumerate(argv):
         if flag in INPUT_FLAGS:
             found += [local(v) for v in itertools.takewhile(_is_value, argv[i + 1:])
@@ -211,7 +214,7 @@ def inputs(argv: list[str]) -> list[str]:
 
 
 def outputs(argv: list[str]) -> list[str]:
-    """The run folders a command writes (`--runs R`, `run_root=R`)."""
+    """The folders a command writes (`--runs R`, `--out O`, `run_root=R`)."""
     found = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in OUTPUT_FLAGS]
     return found + [a.split("=", 1)[1] for a in argv if a.startswith("run_root=")]
 

@@ -105,6 +105,12 @@ def test_plan_builds_prerequisites_and_writers_before_readers(tmp_path: Path) ->
         argv = figures._split(c)
         assert figures.missing_inputs(argv, tmp_path, produced) == [], c
         produced += tuple(figures.outputs(argv))
+    # A summary of an OUT folder's evaluations (given first) runs after the command writing it.
+    tasks = "python bench/miniwob_tasks.py docs/b --out docs/b/per_task.json"
+    assert [c for c, _ in figures.plan([(tasks, "docs/b/per_task.json"),
+                                        (writer, "docs/b/results.json")], tmp_path)] == \
+        [writer, tasks]
+    assert figures.inputs(figures._split(tasks)) == ["docs/b"]
     # Without the writer, its reader is missing an input; a built warm start is not rebuilt.
     assert figures.missing_inputs(figures._split(reader), tmp_path) == ["runs/lh-b"]
     (tmp_path / "runs" / "tc-ws").mkdir(parents=True)
