@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 """A markdown link's target (anchors dropped)."""
-READS_RUNS = ("bench/run_summary.py", "bench/miniwob_tasks.py")
+SUMMARIES = ("bench/run_summary.py", "bench/miniwob_tasks.py")
 """Scripts that summarise what another command wrote (training runs, an OUT folder's
 evaluations), named by their positional arguments: they go last."""
 INPUT_FLAGS = ("--reuse-warm-start", "--model", "--compare")
@@ -187,7 +187,7 @@ def run_order(results: list[Result]) -> list[tuple[str, str]]:
     for r in results:
         for c in r.commands:
             seen.setdefault(c, r.path)
-    return sorted(seen.items(), key=lambda kv: any(s in kv[0] for s in READS_RUNS))
+    return sorted(seen.items(), key=lambda kv: any(s in kv[0] for s in SUMMARIES))
 
 
 def local(arg: str) -> str:
@@ -203,7 +203,7 @@ def inputs(argv: list[str]) -> list[str]:
     """The paths a command reads that another command writes: the folders a summary is given,
     the values of input flags."""
     found = []
-    if any(s in argv[1:2] for s in READS_RUNS):
+    if any(s in argv[1:2] for s in SUMMARIES):
         found += [a for i, a in enumerate(argv[2:], 2)
                   if a.startswith(("runs/", "docs/")) and not argv[i - 1].startswith("--")]
     for i, flag in enumerate(argv):
