@@ -17,11 +17,20 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 	check-gpu-deps figures figures-check
 
 install: $(VENV)/.installed
+AGENTGYM_VENV := .cache/agentgym-venv
+
+# AgentGym's own env servers (../shared/agentgym-servers, tests/integration/test_agentgym_servers.py)
+# pin gymnasium<1.0 and minigrid<2.5, which clash with ours: they get a venv of their own.
+$(AGENTGYM_VENV)/.installed: envpool/agentgym_servers.py | $(VENV)/.installed
+	test -x $(AGENTGYM_VENV)/bin/python || python3 -m venv $(AGENTGYM_VENV)
+	$(AGENTGYM_VENV)/bin/python -m pip install -q $$($(PY) -c "from horizonrl.envpool.agentgym_servers \
+	  import SERVER_REQUIREMENTS as r; print(' '.join(r))")
+	touch $@
 
 # System tools (root on CI and dev machines): Prometheus for the dashboard test, a Java 17
 # runtime for SciWorld (scienceworld runs its game in a JVM), iproute2 for the two-host
 # network-namespace cluster of tests/multinode, Chromium and its WebDriver for MiniWoB++.
-install-dev: install
+install-dev: install $(AGENTGYM_VENV)/.installed
 	command -v prometheus >/dev/null || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 	command -v java >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \

@@ -254,7 +254,20 @@ class RunConfig(BaseModel):
                                  "weight 0")
         self._window_fits()
         self._async_fits()
+        self._urls_fit()
         return self
+
+    def _urls_fit(self) -> None:
+        """`env.kwargs.urls` gives every replica of the run its own server: exactly one each."""
+        for e in self.envs:
+            urls = e.kwargs.get("urls")
+            need = self.generator.num_generators * e.num_actors * e.replicas_per_actor
+            if urls is not None and len(urls) != need:
+                raise ValueError(
+                    f"env {e.key!r}: kwargs.urls lists {len(urls)} servers for {need} replicas "
+                    f"(generator.num_generators {self.generator.num_generators} x num_actors "
+                    f"{e.num_actors} x replicas_per_actor {e.replicas_per_actor}): one server "
+                    "per replica")
 
     def _async_fits(self) -> None:
         """Learner settings that async mode would otherwise ignore without a word."""

@@ -79,6 +79,8 @@ SYSTEM_PROMPT = (
 # limit `horizonrl env-server` answers with HTTP 413 above. No env's action comes near it.
 MAX_WIRE_ACTION_CHARS = 8 * MAX_ACTION_CHARS
 _MAX_BACKOFF_S = 5.0
+# Restarts seen per server URL in this process: replicas that share a server share this.
+_server_generation: dict[str, int] = {}
 
 
 def parse_action(text: str) -> str:
@@ -162,7 +164,9 @@ class AgentGymHTTPEnv:
         self._id_key_fixed = id_key is not None or self.dialect.id_key is not None
         self._http = http_client or httpx.Client(base_url=self.url, timeout=timeout_s)
         self._id: int | None = None
+        self._generation = 0  # the server's restart count (as this process saw it) at /create
         self._last: StepResult | None = None
+        self._score = 0.0  # info["score"] after the last call (SciWorld's reward base)
 
     @property
     def env_id(self) -> int | None:
@@ -181,6 +185,9 @@ class AgentGymHTTPEnv:
             if self.dialect.strict:
                 raise ValueError(f"the {self.dialect.name} dialect's /reset takes no options")
             body["options"] = options
+        self._last = None  # the new episode's: observation() must not answer the old end
+        if self._id is not None and self._generation != _server_generation.get(self.url, 0):
+            self._id = None  # another replica saw this server restart: our id is void
         if self._id is None:
             self._create()
         try:
@@ -195,7 +202,8 @@ class AgentGymHTTPEnv:
             obs = self.observation()  # servers whose reset answers no text
         ep = "POST /reset"
         reward = 0.0 if fields.get("reward") is None else number_field(fields, ep, "reward")
-        info = step_info(fields, ep, obs=obs, reward=reward, done=False)
+        info = step_info(self.dialect, fields, ep, obs=obs, reward=reward, done=False)
+        self._score = info["score"]
         self._last = StepResult(obs, 0.0, False, False, info)
         return obs, info
 
@@ -216,26 +224,33 @@ class AgentGymHTTPEnv:
         (the server's turn is not used up), text that UTF-8 cannot carry is replaced."""
         if self._id is None or self._last is None:
             raise RuntimeError("call reset() before step()")
+        last = self._last
         if not isinstance(action, str) or len(action) > self.max_action_chars:
-            last = self._last
             info = {**last.info, "invalid_action": True}
             obs = f"Invalid action (over {self.max_action_chars} characters). {last.observation}"
             return StepResult(obs, 0.0, last.terminated, last.truncated, info)
+        if last.terminated or last.truncated:
+            # The real servers answer errors (BabyAI, SciWorld) or step on (TextCraft) after
+            # the end; the episode is over, so nothing is sent.
+            info = {**last.info, "invalid_action": True}
+            return StepResult(f"Invalid action. The episode has ended. {last.observation}",
+                              0.0, last.terminated, last.truncated, info)
         try:
             body = {**self._ids(), "action": utf8_safe(action)}
             answer = self._request("POST", "/step", json=body)
         except AgentGymEnvLostError:
             self._id = None
             raise
-        self._last = parse_step(self.dialect, answer)
+        self._last = parse_step(self.dialect, answer, last_score=self._score)
+        self._score = self._last.info["score"]
         return self._last
 
     def observation(self) -> str:
-        """The current observation, as `GET /observation` gives it; for a server without that
-        route (AgentGym's BabyAI), the last one reset or step answered."""
-        if not self.dialect.observation_route:
-            if self._last is None:
-                raise RuntimeError("call reset() before observation()")
+        """The current observation, as `GET /observation` gives it; after the episode's end
+        (when the real servers answer errors) the last one reset or step answered."""
+        if self._id is None:
+            raise RuntimeError("call reset() before observation()")
+        if self._last is not None and (self._last.terminated or self._last.truncated):
             return self._last.observation
         answer = self._request("GET", "/observation", params=self._ids())
         return parse_observation(self.dialect, answer)
@@ -296,7 +311,7 @@ class AgentGymHTTPEnv:
         env_id, key = parse_create(self.dialect, self._request("POST", "/create", **body))
         if not self._id_key_fixed:
             self._id_key = key
-        self._id = env_id
+        self._id, self._generation = env_id, _server_generation.get(self.url, 0)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One call: retries when no connection could be opened, then the decoded JSON."""
@@ -336,6 +351,8 @@ class AgentGymHTTPEnv:
         if status >= 400:
             detail = _detail(response)
             lost = status == 404 and "unknown env id" in detail
+            if lost:
+                self._lost()
             d = self.dialect
             if d.strict and not lost and status in (404, 405, 422):
                 raise AgentGymProtocolError(
@@ -357,11 +374,22 @@ class AgentGymHTTPEnv:
                 f"{endpoint}: the answer is not JSON: {response.text[:200]!r}"
             ) from None
         if isinstance(answer, dict) and answer.get("error"):
+            error = str(answer["error"])
+            if any(phrase in error for phrase in self.dialect.lost_errors):
+                self._lost()
+                raise AgentGymEnvLostError(
+                    f"{endpoint}: the server no longer has env {self._id}: {error[:300]} (it "
+                    "restarted or closed it; reset() creates a new env)", status=status)
             raise AgentGymServerError(
-                f"{endpoint}: the server reported an error: {str(answer['error'])[:500]}",
-                status=status,
-            )
+                f"{endpoint}: the server reported an error: {error[:500]}", status=status)
         return answer
+
+    def _lost(self) -> None:
+        """The server lost our env: it restarted, so every id this process got from it before
+        is void. Other replicas here drop theirs at their next reset rather than reset an env
+        the new server handed to someone else (ids restart from 0)."""
+        if self._generation == _server_generation.get(self.url, 0):
+            _server_generation[self.url] = self._generation + 1
 
 
 def _detail(response: httpx.Response) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from horizonrl.protos.placement import CustomResources
 
@@ -71,6 +71,22 @@ class EnvConfig(BaseModel):
         """The label used in task ids and metrics."""
         return self.label or self.name
 
+    @model_validator(mode="after")
+    def _urls(self) -> EnvConfig:
+        urls = self.kwargs.get("urls")
+        if urls is None:
+            return self
+        if "url" in self.kwargs:
+            raise ValueError("env.kwargs: give `url` (one server for every replica) or `urls` "
+                             "(one server per replica), not both")
+        if not (isinstance(urls, list) and urls and all(isinstance(u, str) for u in urls)):
+            raise ValueError(f"env.kwargs.urls must be a non-empty list of server URLs, got "
+                             f"{urls!r}")
+        if len(set(urls)) != len(urls):
+            raise ValueError("env.kwargs.urls lists a server twice: each replica needs a server "
+                             "of its own")
+        return self
+
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
@@ -79,3 +95,19 @@ class EnvConfig(BaseModel):
         if v not in env_names():
             raise ValueError(f"unknown env {v!r}; known: {', '.join(env_names())}")
         return v
+
+
+def replica_kwargs(kwargs: dict[str, Any], index: int) -> dict[str, Any]:
+    """The constructor kwargs of the run's replica number `index` (over all generators' pools):
+    `urls: [u0, u1, ...]` gives replica i the server `url: u_i`. For servers that keep one
+    global task state (AgentGym's WebArena), where two sessions on one server would score each
+    other's tasks."""
+    if "urls" not in kwargs:
+        return kwargs
+    urls = kwargs["urls"]
+    if index >= len(urls):
+        raise ValueError(f"env.kwargs.urls lists {len(urls)} servers, but replica {index} needs "
+                         "one: give one URL per replica (generators x num_actors x "
+                         "replicas_per_actor)")
+    rest = {k: v for k, v in kwargs.items() if k != "urls"}
+    return {**rest, "url": urls[index]}

@@ -21,8 +21,8 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from horizonrl.envpool.base import StepResult
-from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.base import StepResult, TextEnv
+from horizonrl.envpool.config import EnvConfig, replica_kwargs
 from horizonrl.envpool.registry import make_env
 from horizonrl.protos.placement import node_ip
 
@@ -67,9 +67,10 @@ class EnvWorker:
     """
 
     def __init__(self, env_name: str, env_kwargs: dict[str, Any], num_replicas: int,
-                 recycle_every: int = 0, threads: int = 1) -> None:
+                 recycle_every: int = 0, threads: int = 1, first_replica: int = 0) -> None:
         self.env_name, self.env_kwargs = env_name, dict(env_kwargs)
-        self.envs = [make_env(env_name, **env_kwargs) for _ in range(num_replicas)]
+        self.first_replica = first_replica  # this worker's replicas' place in the whole run
+        self.envs = [self._make(r) for r in range(num_replicas)]
         self.episodes = [0] * num_replicas  # since the replica was (re)built
         self.broken = [False] * num_replicas  # raised since it was built: rebuild at reset
         self.recycle_every = recycle_every
@@ -90,6 +91,10 @@ class EnvWorker:
         with self._lock:
             for k, v in add.items():
                 self.stats[k] += v
+
+    def _make(self, replica: int) -> TextEnv:
+        return make_env(self.env_name, **replica_kwargs(self.env_kwargs,
+                                                        self.first_replica + replica))
 
     def ready(self) -> bool:
         return True
@@ -117,7 +122,7 @@ class EnvWorker:
             return
         with contextlib.suppress(Exception):  # a broken env must not block its successor
             self.envs[replica].close()
-        self.envs[replica] = make_env(self.env_name, **self.env_kwargs)
+        self.envs[replica] = self._make(replica)
         self._count(**{"rebuilds" if self.broken[replica] else "recycles": 1})
         self.episodes[replica], self.broken[replica] = 0, False
 
@@ -176,9 +181,12 @@ class EnvPool:
     (soft node affinity, `env.colocate`), so env steps do not cross the network.
     """
 
-    def __init__(self, cfg: EnvConfig, *, name: str = "envpool") -> None:
+    def __init__(self, cfg: EnvConfig, *, name: str = "envpool", index: int = 0) -> None:
+        """`index`: this pool's place among the run's pools of `cfg` (its generator's), so
+        that per-replica kwargs (`urls`) give every replica of the run its own entry."""
         self.cfg = cfg
         self.name = name
+        self.index = index
         self._actors: list[Any] | None = None  # Ray actors, or EnvWorkers with `in_process`
         self._threads: ThreadPoolExecutor | None = None  # in_process: the calls' deadlines
         self.epochs = [0] * cfg.num_actors
@@ -192,16 +200,17 @@ class EnvPool:
     @property
     def actors(self) -> list[Any]:
         if self._actors is None:
-            self._actors = [self._spawn() for _ in range(self.cfg.num_actors)]
+            self._actors = [self._spawn(a) for a in range(self.cfg.num_actors)]
         return self._actors
 
     @property
     def capacity(self) -> int:
         return self.cfg.num_actors * self.cfg.replicas_per_actor
 
-    def _spawn(self) -> Any:
+    def _spawn(self, actor: int) -> Any:
+        first = (self.index * self.cfg.num_actors + actor) * self.cfg.replicas_per_actor
         args = (self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
-                self.cfg.recycle_every_episodes, self.cfg.step_threads)
+                self.cfg.recycle_every_episodes, self.cfg.step_threads, first)
         if self.cfg.in_process:
             return EnvWorker(*args)
         import ray
@@ -377,7 +386,7 @@ class EnvPool:
             self._threads = None
         elif kill:
             ray.kill(self.actors[actor], no_restart=True)
-        self.actors[actor] = self._spawn()
+        self.actors[actor] = self._spawn(actor)
         self.epochs[actor] += 1
         self.restarts += 1
 

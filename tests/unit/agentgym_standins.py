@@ -2,10 +2,13 @@
 tests/unit/test_agentgym_dialects.py.
 
 Each stand-in serves the routes, keys and answer shapes of one server in github.com/WooooDyy/
-AgentGym (agentenv-<name>/agentenv_<name>/server.py) on 127.0.0.1, and fails as that server
-does: WebArena is Flask and answers a missing key with HTTP 500; the others are FastAPI and
-answer a body their pydantic model rejects with 422; BabyAI, SciWorld and TextCraft report a
-failed call as HTTP 200 `{"error": ...}`. `horizonrl`'s stand-in is `horizonrl env-server` itself.
+AgentGym (agentenv-<name>/agentenv_<name>/server.py, commit 3ef9235) on 127.0.0.1, and fails as
+that server does: WebArena is Quart (Flask before 640f8bc: `webarena-flask`) and answers a
+missing key with HTTP 500; the others are FastAPI and answer a body their pydantic model rejects
+with 422; BabyAI, SciWorld and TextCraft report a failed call as HTTP 200 `{"error": ...}` and
+answer /close with a bare boolean; WebShop has no /close. The real BabyAI, SciWorld and
+TextCraft servers are tested too (tests/integration/test_agentgym_servers.py); these stand-ins
+keep the fast checks fast. `horizonrl`'s stand-in is `horizonrl env-server` itself.
 """
 
 from __future__ import annotations
@@ -81,8 +84,10 @@ def _recorded(game: Game) -> FastAPI:
 FLASK_500 = "<!doctype html><title>500 Internal Server Error</title><h1>Internal Server Error</h1>"
 
 
-def webarena_app(game: Game) -> FastAPI:
-    """Flask: `request.json[...]` raises KeyError on a missing key, which Flask answers 500."""
+def webarena_app(game: Game, *, flask: bool = False) -> FastAPI:
+    """`request.json[...]` raises KeyError on a missing key, which Flask and Quart answer 500.
+    Quart (640f8bc on) answers /reset with the task's sites and intent and /close with
+    `{"closed": "closed"}`; Flask answered `{"observation"}` and the text "closed"."""
     app = _recorded(game)
 
     @app.exception_handler(KeyError)
@@ -98,7 +103,13 @@ def webarena_app(game: Game) -> FastAPI:
     async def reset(request: Request) -> JSONResponse:
         q = await request.json()
         env_idx, _seed, idx = q["env_idx"], q["seed"], q["idx"]  # each read, as the real one
-        return JSONResponse({"observation": game.reset(env_idx, idx)})
+        if flask:
+            return JSONResponse({"observation": game.reset(env_idx, idx)})
+        try:
+            obs, sites, intent = game.reset(env_idx, idx), ["shopping"], f"task {idx}"
+        except Exception:  # the real one catches everything and says so in `sites`
+            obs, sites, intent = "TimeoutError", "Error", "Error"
+        return JSONResponse({"observation": obs, "sites": sites, "object": intent})
 
     @app.post("/step")
     async def step(request: Request) -> JSONResponse:
@@ -118,9 +129,9 @@ def webarena_app(game: Game) -> FastAPI:
         return JSONResponse(game.obs[int(raw) if raw.lstrip("-").isdigit() else None])
 
     @app.post("/close")
-    async def close(request: Request) -> HTMLResponse:
+    async def close(request: Request) -> Any:
         game.close((await request.json())["env_idx"])
-        return HTMLResponse("closed")
+        return HTMLResponse("closed") if flask else JSONResponse({"closed": "closed"})
 
     return app
 
@@ -140,14 +151,6 @@ class WebShopStepResponse(BaseModel):
 class WebShopResetQuery(BaseModel):
     env_idx: int
     session_id: int | None = None
-
-
-class WebShopCloseQuery(BaseModel):
-    env_idx: int
-
-
-class WebShopCloseResponse(BaseModel):
-    closed: bool
 
 
 def webshop_app(game: Game) -> FastAPI:
@@ -175,11 +178,7 @@ def webshop_app(game: Game) -> FastAPI:
     def observation(env_idx: int) -> Any:
         return game.obs[env_idx]
 
-    @app.post("/close", response_model=WebShopCloseResponse)
-    def close(q: WebShopCloseQuery) -> Any:
-        return WebShopCloseResponse(closed=game.close(q.env_idx))
-
-    return app
+    return app  # no /close: WebShop's main branch has none
 
 
 class IdAction(BaseModel):
@@ -210,9 +209,13 @@ def _reported(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"The id {exc} is not valid."}
 
 
+class IdOnly(BaseModel):
+    id: int
+
+
 def agentenv_app(game: Game, name: str) -> FastAPI:
-    """BabyAI, SciWorld or TextCraft: `id`/`data_idx`, errors as 200 {"error"}, no /close;
-    BabyAI has no /observation either."""
+    """BabyAI, SciWorld or TextCraft: `id`/`data_idx`, errors as 200 {"error"}, /close answering
+    a bare boolean; BabyAI's /observation answers an object, SciWorld scores out of 100."""
     app = _recorded(game)
     textcraft = name == "textcraft"
 
@@ -252,21 +255,30 @@ def agentenv_app(game: Game, name: str) -> FastAPI:
     def step(body: IdAction) -> Any:
         def answer() -> dict[str, Any]:
             obs, reward, done = game.step(body.id, body.action)
+            if name == "sciworld":  # points out of 100, reward their change
+                return {"observation": obs, "reward": 100 * reward, "score": 100 * reward,
+                        "done": done}
             score = {} if textcraft else {"score": reward}
             return {"observation": obs, "reward": reward, **score, "done": done}
         return _reported(answer)
 
-    if name != "babyai":
-        @app.get("/observation")
-        def observation(id: int) -> Any:
-            return _reported(lambda: game.obs[id])
+    @app.get("/observation")
+    def observation(id: int) -> Any:
+        if name == "babyai":
+            return _reported(lambda: {"observation": game.obs[id], "reward": 0, "score": 0,
+                                      "done": False, "deleted": False})
+        return _reported(lambda: game.obs[id])
+
+    @app.post("/close")
+    def close(body: IdOnly) -> bool:
+        return game.close(body.id)
 
     return app
 
 
 def stand_in_app(name: str, game: Game) -> FastAPI:
-    if name == "webarena":
-        return webarena_app(game)
+    if name in ("webarena", "webarena-flask"):
+        return webarena_app(game, flask=name == "webarena-flask")
     if name == "webshop":
         return webshop_app(game)
     if name == "horizonrl":

@@ -16,14 +16,17 @@ from agentgym_standins import Game, serving, stand_in_app
 from horizonrl.cluster.config import load_config
 from horizonrl.envpool.agentgym_dialects import DIALECTS, close_problem
 from horizonrl.envpool.agentgym_http import (
+    AgentGymEnvLostError,
     AgentGymHTTPEnv,
     AgentGymProtocolError,
     AgentGymServerError,
 )
+from horizonrl.envpool.config import EnvConfig, replica_kwargs
+from horizonrl.envpool.pool import EnvPool
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
-NAMED = ["webarena", "webshop", "babyai", "sciworld", "textcraft"]
+NAMED = ["webarena", "webarena-flask", "webshop", "babyai", "sciworld", "textcraft"]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,7 @@ def _env(url: str, server: str, **kwargs: Any) -> AgentGymHTTPEnv:
 # ------------------------------------------------------------------------------- tests
 RESET_BODY = {  # what each dialect's /reset must carry for env `i`, task 5
     "webarena": lambda i: {"env_idx": i, "seed": 0, "idx": 5},
+    "webarena-flask": lambda i: {"env_idx": i, "seed": 0, "idx": 5},
     "webshop": lambda i: {"env_idx": i, "session_id": 5},
     "babyai": lambda i: {"id": i, "data_idx": 5},
     "sciworld": lambda i: {"id": i, "data_idx": 5},
@@ -58,14 +62,17 @@ def test_each_dialect_round_trips_against_its_stand_in(servers, name, caplog):
     with _env(url, name) as env:
         obs, info = env.reset(seed=5)
         env_id = env.env_id
-        assert obs == "task 5: a closed door" and info["success"] is False
-        assert env.observation() == obs
+        task = "Your task is to boil water.\n\n" if name == "sciworld" else ""
+        assert obs == f"{task}task 5: a closed door" and info["success"] is False
+        assert env.observation() == "task 5: a closed door"
         result = env.step("look")
         assert (result.observation, result.reward, result.terminated) == ("you look", 0.0, False)
         assert env.observation() == "you look"
         result = env.step("win")
         assert result.terminated and not result.truncated and result.reward == 1.0
         assert result.info["success"] and result.info["score"] == 1.0
+        assert env.step("look").info["invalid_action"]  # after the end: nothing is sent
+        assert env.observation() == "you won"
     mine = [(route, query, body) for route, query, body in game.calls
             if env_id in (body or {}).values() or str(env_id) in query.values()
             or route == "POST /create"]
@@ -76,7 +83,7 @@ def test_each_dialect_round_trips_against_its_stand_in(servers, name, caplog):
                if route == "POST /step")
     assert all(query == {d.id_key: str(env_id)} for route, query, _ in mine
                if route == "GET /observation")
-    assert ("GET /observation" in routes) == d.observation_route
+    assert routes.count("POST /step") == 2 and routes.count("GET /observation") == 2
     if d.close_answer is None:  # no /close route: nothing sent, the env stays
         assert "POST /close" not in routes and env_id in game.obs
     else:
@@ -127,9 +134,9 @@ def test_the_default_dialect_against_agentgym_servers_hints_at_server(servers, s
     ("webarena", "/step", {"id": 41, "action": "look"}, 500),
     ("webshop", "/reset", {"id": 41, "data_idx": 1}, 422),
     ("webshop", "/step", {"env_idx": 41, "state": "look"}, 422),
-    ("webshop", "/close", {"id": 41}, 422),
+    ("webshop", "/close", {"env_idx": 41}, 404),
     ("babyai", "/reset", {"env_idx": 41, "session_id": 1}, 422),
-    ("babyai", "/close", {"id": 41}, 404),
+    ("babyai", "/close", {"env_idx": 41}, 422),
     ("sciworld", "/reset", {"id": 41}, 422),
     ("textcraft", "/create", None, 422),
     ("textcraft", "/step", {"env_idx": 41, "action": "look"}, 422),
@@ -139,18 +146,22 @@ def test_stand_ins_reject_what_their_server_rejects(servers, server, route, body
     assert httpx.post(f"{url}{route}", json=body, timeout=10.0).status_code == status
 
 
-def test_agentenv_servers_report_unknown_ids_as_200_errors(servers):
-    url, game = servers["sciworld"]
-    with _env(url, "sciworld") as env:
+@pytest.mark.parametrize("name", ["babyai", "sciworld", "textcraft"])
+def test_agentenv_servers_report_unknown_ids_as_200_errors_and_reset_recovers(servers, name):
+    url, game = servers[name]
+    with _env(url, name) as env:
         env.reset(seed=0)
-        game.obs.pop(env.env_id)  # the server forgot our env: it answers 200 {"error"}
-        with pytest.raises(AgentGymServerError, match=f"{env.env_id} is not valid") as err:
+        lost = env.env_id
+        game.obs.pop(lost)  # the server forgot our env: it answers 200 {"error"}
+        with pytest.raises(AgentGymEnvLostError, match=f"{lost} is not valid") as err:
             env.step("look")
-        assert err.value.status == 200
+        assert err.value.status == 200 and env.env_id is None
+        obs, _ = env.reset(seed=4)  # a new env, made at the next reset
+        assert env.env_id != lost and obs.endswith("task 4: a closed door")
 
 
 def test_dialect_names_and_keys_are_checked():
-    with pytest.raises(ValueError, match="known: horizonrl, webarena, webshop, babyai"):
+    with pytest.raises(ValueError, match="known: horizonrl, webarena, webarena-flask, webshop"):
         AgentGymHTTPEnv("http://127.0.0.1:9", server="alfworld")
     with pytest.raises(ValueError, match="the webarena dialect sends 'env_idx'"):
         AgentGymHTTPEnv("http://127.0.0.1:9", server="webarena", id_key="id")
@@ -177,15 +188,22 @@ def test_oracle_is_horizonrl_only(servers):
 
 
 def test_close_answers_are_checked_and_logged_not_raised():
-    webarena, webshop = DIALECTS["webarena"], DIALECTS["webshop"]
-    assert close_problem(webarena, 200, "closed", None) is None
-    assert close_problem(webshop, 200, '{"closed":false}', {"closed": False}) is None
-    problem = close_problem(webarena, 200, '{"closed":true}', {"closed": True})
-    assert problem and 'the webarena dialect answers the text "closed"' in problem
-    problem = close_problem(webshop, 200, "closed", None)
-    assert problem and "the webshop dialect answers {\"closed\": bool}" in problem
-    assert "HTTP 500" in (close_problem(webshop, 500, "Internal Server Error", None) or "")
-    assert close_problem(DIALECTS["horizonrl"], 200, "anything", None) is None
+    webarena, flask = DIALECTS["webarena"], DIALECTS["webarena-flask"]
+    sciworld, horizonrl = DIALECTS["sciworld"], DIALECTS["horizonrl"]
+    assert close_problem(flask, 200, "closed", None) is None
+    assert close_problem(webarena, 200, '{"closed":"closed"}', {"closed": "closed"}) is None
+    problem = close_problem(webarena, 200, "", {"closed": "Close Env 3 time out."})
+    assert problem and "did not close the env: Close Env 3 time out." in problem
+    problem = close_problem(flask, 200, '{"closed":true}', {"closed": True})
+    assert problem and 'the webarena-flask dialect answers the text "closed"' in problem
+    for answer in (True, False):  # false: no such env (closed already): nothing to do
+        assert close_problem(sciworld, 200, str(answer).lower(), answer) is None
+    assert close_problem(sciworld, 500, "Internal Server Error", None) is None  # closed twice
+    problem = close_problem(sciworld, 200, "closed", None)
+    assert problem and "the sciworld dialect answers a bare true/false" in problem
+    assert close_problem(horizonrl, 200, '{"closed":false}', {"closed": False}) is None
+    assert "HTTP 503" in (close_problem(horizonrl, 503, "Unavailable", None) or "")
+    assert DIALECTS["webshop"].close_answer is None  # its main branch has no /close
 
 
 @pytest.mark.parametrize(("config", "server"), [("webarena-agentgym.yaml", "webarena"),
@@ -193,9 +211,32 @@ def test_close_answers_are_checked_and_logged_not_raised():
 def test_agentgym_configs_name_their_dialect(config, server):
     cfg = load_config(ROOT / "configs" / config)
     assert cfg.env.name == "agentgym" and cfg.env.kwargs["server"] == server
-    env = AgentGymHTTPEnv(**cfg.env.kwargs)  # what the env pool builds from env.kwargs
+    env = AgentGymHTTPEnv(**replica_kwargs(cfg.env.kwargs, 0))  # as the env pool builds it
     assert env.dialect.name == server
     env.close()
+
+
+def test_servers_with_one_global_state_get_one_replica_each(servers):
+    """WebArena's config lists a server per replica; the pool gives replica i the URL i, over
+    every generator's pool, and a config whose URLs do not match its replicas is refused."""
+    cfg = load_config(ROOT / "configs/webarena-agentgym.yaml")
+    urls = cfg.env.kwargs["urls"]
+    assert len(urls) == len(set(urls)) == cfg.env.replicas_per_actor * cfg.env.num_actors
+    url, _ = servers["webarena"]
+    env_cfg = EnvConfig(name="agentgym", kwargs={"urls": [f"{url}/a", f"{url}/b", url, url + "/"],
+                                                 "server": "webarena"},
+                        num_actors=1, replicas_per_actor=2, in_process=True)
+    pools = [EnvPool(env_cfg, index=i) for i in range(2)]  # two generators' pools
+    got = [env.url for pool in pools for env in pool.actors[0].envs]
+    assert got == [f"{url}/a", f"{url}/b", url, url]
+    with pytest.raises(ValueError, match="replica 4 needs one"):
+        replica_kwargs(env_cfg.kwargs, 4)
+    with pytest.raises(ValueError, match="lists 16 servers for 32 replicas"):
+        load_config(ROOT / "configs/webarena-agentgym.yaml", ["generator.num_generators=2"])
+    with pytest.raises(ValueError, match="lists a server twice"):
+        EnvConfig(name="agentgym", kwargs={"urls": [url, url]})
+    with pytest.raises(ValueError, match="not both"):
+        EnvConfig(name="agentgym", kwargs={"urls": [url], "url": url})
 
 
 def test_task_seeds_map_onto_the_servers_task_range(servers):
