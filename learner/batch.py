@@ -150,13 +150,16 @@ def turn_rows(trajs: Sequence[Trajectory], batch: dict[str, np.ndarray], *,
 def token_rewards(t: Trajectory) -> np.ndarray:
     """Per-token rewards over `response_ids`: turn k's reward on the last model token of turn
     k (the k-th run of response_mask 1s). If the turn count and the runs disagree (a turn cut
-    by the context limit), the episode reward goes on the last model token instead."""
+    by the context limit), the episode reward goes on the last model token instead. A penalty
+    `learner.overlong=penalty` took off the episode's reward (its turns' rewards stay the env's
+    record) goes on the last model token too, where the outcome is."""
     out = np.zeros(len(t.response_mask), dtype=np.float32)
     ends = [end - 1 for _, end in _mask_runs(t.response_mask)]  # last token of each run
     if len(ends) == 0:
         return out
     if len(t.rewards) == len(ends):
         out[ends] = t.rewards
+        out[ends[-1]] += t.reward - t.info.get("env_reward", t.reward)
     else:
         out[ends[-1]] = t.reward
     return out
@@ -166,6 +169,58 @@ def split_rows(batch: dict[str, np.ndarray], parts: int) -> list[dict[str, np.nd
     """Split along rows into `parts` near-equal pieces (every piece non-empty)."""
     rows = np.array_split(np.arange(len(next(iter(batch.values())))), parts)
     return [{k: v[r] for k, v in batch.items()} for r in rows]
+
+
+def loss_units(batch: dict[str, np.ndarray], *, token_mean: bool) -> np.ndarray:
+    """What each row adds to the denominator of its optimizer step's loss: its model tokens
+    under token-mean; under the seq-mean modes its share of an episode (`row_share` of a turn
+    row, 1 for a whole-episode row with a model token, as `algorithms.aggregate` counts)."""
+    tokens = batch["loss_mask"].sum(1).astype(np.float64)
+    if token_mean:
+        return tokens
+    if "row_share" in batch:
+        return batch["row_share"].astype(np.float64)
+    return (tokens > 0).astype(np.float64)
+
+
+def shard_episodes(batch: dict[str, np.ndarray], rows_per_episode: Sequence[int], *,
+                   ranks: int, minibatches: int, token_mean: bool) -> list[dict[str, np.ndarray]]:
+    """One update's rows -> a shard per rank, dealt by whole episodes.
+
+    Episodes go to ranks and then to each rank's minibatches as contiguous near-equal runs
+    (full mode's rows exactly), and a turn row goes where its episode went, so an episode's
+    turns train in one optimizer step and a window as long as the horizon trains what full
+    mode does. Each row carries `minibatch` (its step on the rank), `loss_units` and
+    `step_units` (the step's units summed over every rank): ranks normalise by the whole
+    step's count, so the loss does not depend on how its rows were split (LearnerWorker._step).
+    `batch` holds the rows of episode 0, then of episode 1, ...
+    """
+    counts = np.asarray(rows_per_episode, dtype=np.int64)
+    if counts.sum() != len(batch["input_ids"]) or len(counts) < ranks * minibatches:
+        raise ValueError(f"{len(counts)} episodes in {len(batch['input_ids'])} rows cannot fill "
+                         f"{ranks} ranks x {minibatches} minibatches (one episode each at least)")
+    episode = np.repeat(np.arange(len(counts)), counts)
+    slots = np.empty(len(counts), dtype=np.int64)  # rank * minibatches + step, per episode
+    for r, eps in enumerate(np.array_split(np.arange(len(counts)), ranks)):
+        for m, part in enumerate(np.array_split(eps, minibatches)):
+            slots[part] = r * minibatches + m
+    slot = slots[episode]
+    units = loss_units(batch, token_mean=token_mean)
+    per_step = np.bincount(slot % minibatches, weights=units, minlength=minibatches)
+    out = []
+    for r in range(ranks):
+        rows = np.flatnonzero(slot // minibatches == r)
+        shard = {k: v[rows] for k, v in batch.items()}
+        shard["minibatch"] = slot[rows] % minibatches
+        shard["loss_units"], shard["step_units"] = units[rows], per_step[shard["minibatch"]]
+        out.append(shard)
+    return out
+
+
+def split_minibatches(shard: dict[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
+    """A rank's shard from `shard_episodes` -> its `count` minibatches, in step order."""
+    step = shard["minibatch"]
+    return [{k: v[step == m] for k, v in shard.items()} for m in range(count)]
 
 
 def trim(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

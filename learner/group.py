@@ -12,6 +12,7 @@ from horizonrl.learner import algorithms as alg
 from horizonrl.learner.batch import (
     group_index,
     pad_batch,
+    shard_episodes,
     split_rows,
     turn_rows,
     valid_mask,
@@ -20,6 +21,11 @@ from horizonrl.learner.batch import (
 from horizonrl.learner.config import LearnerConfig, rank_bundle
 from horizonrl.learner.worker import LearnerWorker
 from horizonrl.protos.trajectory import Trajectory
+
+
+class PlacementTimeout(RuntimeError):
+    """Ray could not reserve the learner's bundles in time: the cluster lacks the room (the
+    CLI exits 2, as for any run that does not fit)."""
 
 
 def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
@@ -33,7 +39,7 @@ def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
-        raise RuntimeError(f"could not place {what}: asked for {bundles}, cluster has "
+        raise PlacementTimeout(f"could not place {what}: asked for {bundles}, cluster has "
                            f"{ray.available_resources()} free") from None
     return pg
 
@@ -124,7 +130,7 @@ class LearnerGroup:
                 out.setdefault(reason, []).append(i)
         chosen, need = self._chosen(trajs)
         keep = set(chosen)
-        skipped = sum(trajs[i].rows for i in chosen) < need
+        skipped = len(chosen) < need
         rest = [i for i in range(len(trajs)) if valid[i] and i not in keep]
         if rest:
             out["not_selected" if self.cfg.algorithm == "rejection_sampling"
@@ -134,7 +140,8 @@ class LearnerGroup:
         return out
 
     def _chosen(self, trajs: Sequence[Trajectory]) -> tuple[list[int], int]:
-        """The episodes `train` learns from (indices) and the fewest rows an update needs."""
+        """The episodes `train` learns from (indices) and the fewest episodes an update needs,
+        whatever their turn rows: minibatches are made of episodes (`shard_episodes`)."""
         if self.cfg.algorithm == "rejection_sampling":
             from horizonrl.learner.auxiliary import rejection_sampling_indices
 
@@ -142,7 +149,7 @@ class LearnerGroup:
         return self.select(trajs), self.cfg.world_size * self.cfg.minibatches
 
     def train(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
-        """One policy update on whole groups; an update with too few rows is skipped."""
+        """One policy update on whole groups; an update with too few episodes is skipped."""
         import ray
 
         if self.cfg.algorithm == "rejection_sampling":
@@ -156,7 +163,7 @@ class LearnerGroup:
         stats = {"groups_kept": float(len({t.group_id for t in kept})),
                  "episodes_trained": float(len(kept)), "rows_trained": float(rows),
                  "skipped_update": 0.0}
-        if rows < need:
+        if len(kept) < need:
             stats["skipped_update"] = 1.0
             return stats
         batch = pad_batch(kept, adv[idx], pad_id=self.pad_id)
@@ -170,7 +177,9 @@ class LearnerGroup:
             # turn's row takes its tokens' share of them.
             batch = turn_rows(kept, batch, pad_id=self.pad_id)
         stats["tokens_trained"] = float(batch["loss_mask"].sum())
-        shards = split_rows(batch, self.cfg.world_size)
+        shards = shard_episodes(batch, [t.rows for t in kept], ranks=self.cfg.world_size,
+                                minibatches=self.cfg.minibatches,
+                                token_mean=self.cfg.loss_agg == "token-mean")
         results = ray.get([w.train.remote(s) for w, s in zip(self.workers, shards)])
         for k in results[0]:
             stats[k] = float(np.mean([r[k] for r in results]))

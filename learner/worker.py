@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from horizonrl.learner import algorithms as alg
-from horizonrl.learner.batch import micro_batch_count, micro_batches, split_rows, trim
+from horizonrl.learner.batch import micro_batch_count, micro_batches, split_minibatches, trim
 from horizonrl.learner.config import LearnerConfig
 from horizonrl.learner.engine_setup import (
     compute_dtype,
@@ -147,7 +147,8 @@ class LearnerWorker:
         return {"rank": self.rank, "pid": os.getpid(), "updates": self.updates}
 
     def train(self, shard: dict[str, np.ndarray]) -> dict[str, float]:
-        """`epochs` x `minibatches` optimizer steps on this rank's shard; mean metrics."""
+        """`epochs` x `minibatches` optimizer steps on this rank's shard (from
+        `learner.batch.shard_episodes`); mean metrics."""
         t0 = time.perf_counter()
         self.engine.train()
         if self.critic is not None:
@@ -156,7 +157,7 @@ class LearnerWorker:
             shard = self._decoupled_inputs(shard)
         stats: dict[str, list[float]] = {}
         for _ in range(self.cfg.epochs):
-            for mb in split_rows(shard, self.cfg.minibatches):
+            for mb in split_minibatches(shard, self.cfg.minibatches):
                 for k, v in self._step(mb).items():
                     stats.setdefault(k, []).append(v)
         out = {k: float(np.mean(v)) for k, v in stats.items()}
@@ -187,17 +188,20 @@ class LearnerWorker:
     def _step(self, mb: dict[str, np.ndarray]) -> dict[str, float]:
         """One optimizer step (policy, and critic for PPO) over micro-batches of `mb`."""
         micros = micro_batches(mb, self._micro_count(mb))
-        token_mean = self.cfg.loss_agg == "token-mean"
-        total = float(mb["loss_mask"].sum()) if token_mean else _rows(mb)
+        # A micro-batch's loss is a mean over its own units (tokens or episode shares); times
+        # its units over the whole step's, on every rank, it is its part of one global mean.
+        # DeepSpeed averages the ranks' gradients, hence x world_size.
+        scale = self.world_size / max(float(mb["step_units"][0]), 1e-9)
+        local = float(mb["loss_units"].sum())  # the metrics stay this rank's means
         train_policy = self.cfg.algorithm != "ppo" or self.updates >= self.cfg.critic_warmup_steps
         stats: dict[str, float] = {}
         for i, micro in enumerate(micros):
             last = i == len(micros) - 1
             if not micro:  # fewer rows than passes here: a zero-weight pass on the first row
-                micro, weight = trim({k: v[:1] for k, v in mb.items()}), 0.0
+                micro, units = trim({k: v[:1] for k, v in mb.items()}), 0.0
             else:
-                share = float(micro["loss_mask"].sum()) if token_mean else _rows(micro)
-                weight = share / max(total, 1e-9)
+                units = float(micro["loss_units"].sum())
+            weight = units * scale
             t = self._tensors(micro)
             self.engine.set_gradient_accumulation_boundary(last)
             # Rows are right-padded and attention is causal, so padding never reaches a real
@@ -217,7 +221,7 @@ class LearnerWorker:
                 self.critic.backward(vloss * weight)
                 st.update(vst)
             for k, v in st.items():
-                stats[k] = stats.get(k, 0.0) + float(v) * weight
+                stats[k] = stats.get(k, 0.0) + float(v) * units / max(local, 1e-9)
         self.engine.step()
         if self.critic is not None:
             self.critic.step()
@@ -408,9 +412,3 @@ class LearnerWorker:
         with deepspeed.zero.GatheredParameters(list(module.parameters()),
                                                enabled=self.cfg.zero_stage == 3):
             yield hf_state_dict(module) if self.rank == 0 else None
-
-
-def _rows(mb: dict[str, np.ndarray]) -> float:
-    """What a seq-mean loss averages over in `mb`: rows, or for per-turn rows of window-context
-    episodes the episodes' shares (learner.batch.turn_rows), so that micro-batches add up."""
-    return float(mb["row_share"].sum()) if "row_share" in mb else float(len(mb["input_ids"]))

@@ -76,8 +76,10 @@ def learner_cfg(**kw) -> LearnerConfig:
 
 def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Trajectory]],
                     pad_id: int) -> list[float]:
-    """The same updates in one process: per-rank objectives averaged (as DeepSpeed averages
-    rank gradients), global-norm clipping, torch AdamW, the same LR schedule."""
+    """The same updates in one process: one token mean over the whole step (each rank's
+    objective weighted by its share of the step's tokens, as the learner normalises by global
+    counts), global-norm clipping, torch AdamW, the same LR schedule. The loss it returns is
+    the mean of the ranks' own losses, as the learner reports it."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -98,14 +100,16 @@ def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Traj
                                   torch.from_numpy(valid_mask(trajs))).numpy()
         total = 0.0
         opt.zero_grad()
-        for shard in split_rows(pad_batch(trajs, adv, pad_id=pad_id), cfg.world_size):
+        batch = pad_batch(trajs, adv, pad_id=pad_id)
+        step_tokens = float(batch["loss_mask"].sum())
+        for shard in split_rows(batch, cfg.world_size):
             t = {k: torch.from_numpy(v) for k, v in trim(shard).items()}
             with torch.no_grad():
                 ref_logp = alg.token_logprobs(ref(input_ids=t["input_ids"]).logits,
                                               t["input_ids"])
             loss, _ = policy_objective(model(input_ids=t["input_ids"]).logits, t, cfg,
                                        ref_logprobs=ref_logp)
-            (loss / cfg.world_size).backward()
+            (loss * float(shard["loss_mask"].sum()) / step_tokens).backward()
             total += loss.item() / cfg.world_size
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
