@@ -39,9 +39,11 @@ class GeneratorConfig(BaseModel):
         default_factory=dict, description="Custom Ray resources per generator, e.g. "
         "{\"gpu_node\": 0.1}: generators run only on nodes that offer them (placement by role).")
     restart_timeout_s: float = Field(
-        300.0, gt=0, description="How long a replacement for a dead generator may take to be "
-        "placed and load its model. Past it (a lost node whose resources no other node offers) "
-        "the run saves a checkpoint and stops with exit 3, resumable with --resume auto.")
+        300.0, gt=0, description="How long a generator may take to be placed and load its "
+        "model, at the start of a run or as the replacement for a dead one. Past it at the "
+        "start the run stops with exit 2 naming the generator; for a replacement (a lost node "
+        "whose resources no other node offers) the run saves a checkpoint and stops with exit "
+        "3, resumable with --resume auto.")
     tasks_per_step: int = Field(8, ge=1, description="Distinct tasks (env seeds) per iteration.")
     group_size: int = Field(
         8, ge=1, description="Episodes per task: a GRPO group shares one task and one seed."

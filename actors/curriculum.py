@@ -1,4 +1,4 @@
-"""ScalingInter-RL: the horizon schedule and the actor that broadcasts it.
+"""ScalingInter-RL: the horizon schedule and the actor that owns it.
 
 `horizon_at` is a pure function of the number of finished training steps, so a resumed run
 computes the same stage as an uninterrupted one (AgentGym-RL's resume skipped most of stage 2).
@@ -8,7 +8,7 @@ The adaptive schedule (the paper's future work) raises the horizon from reward s
 from __future__ import annotations
 
 import bisect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from statistics import fmean
 from typing import Any
 
@@ -85,6 +85,22 @@ def adaptive_decision(cfg: CurriculumConfig, *, step: int, horizon: int,
     return Decision(step, horizon, horizon, f"hold: {figures}")
 
 
+# How long `register` waits for a generator to take the horizon. A generator registers when it
+# is ready and idle (at start, after a restart), so this waits for an acknowledgement, never
+# for a rollout.
+BROADCAST_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonSetting:
+    """The horizon in force, its version and the per-env horizons (empty: every env uses
+    `horizon`): what each rollout call carries to its generator (cluster/phases.py)."""
+
+    horizon: int
+    version: int
+    env_horizons: dict[str, int] = field(default_factory=dict)
+
+
 def _call(handle: Any, method: str, *args: Any) -> Any:
     """Call a method on a Ray actor handle or on a plain object alike."""
     fn = getattr(handle, method)
@@ -92,14 +108,16 @@ def _call(handle: Any, method: str, *args: Any) -> Any:
 
 
 class CurriculumActor:
-    """Owns the schedule; pushes `(horizon, version)` to every registered generator, with the
-    per-env horizons (`env_horizons`) when the config has any.
+    """Owns the schedule. A generator gets the horizon in force when it registers; after that,
+    changes reach it with its next rollout call, which carries `setting()`.
 
-    `version` counts horizon changes, so a generator can tell a stale broadcast from a new one.
+    A tick never calls a generator: a generator serves one call at a time, so in async mode a
+    push would queue behind the rollout in progress and stall the driver for all of it.
+    `version` counts horizon changes, so a generator can tell a stale setting from a new one.
     """
 
     def __init__(self, cfg: CurriculumConfig, *, step: int = 0,
-                 broadcast_timeout_s: float = 60.0) -> None:
+                 broadcast_timeout_s: float = BROADCAST_TIMEOUT_S) -> None:
         self.cfg = cfg
         self.step = step
         self.horizon = horizon_at(cfg, step)
@@ -118,9 +136,14 @@ class CurriculumActor:
                 "generators": sorted(self.generators)}
 
     def register(self, name: str, handle: Any) -> tuple[int, int]:
-        """Add (or replace, after a restart) a generator and send it the horizon in force."""
+        """Add (or replace, after a restart) a generator and send it the horizon in force;
+        returns once it has it."""
         self.generators[name] = handle
-        self._wait([_call(handle, "set_horizon", *self._broadcast())])
+        # The per-env table travels only when configured, so generators (and test doubles)
+        # that know one horizon keep working.
+        args = (self.horizon, self.version) + ((dict(self.env_horizons),)
+                                               if self.env_horizons else ())
+        self._wait([_call(handle, "set_horizon", *args)])
         return self.horizon, self.version
 
     def current(self) -> tuple[int, int]:
@@ -130,15 +153,13 @@ class CurriculumActor:
         """The per-env horizons in force (empty when every env uses `horizon`)."""
         return dict(self.env_horizons)
 
-    def _broadcast(self) -> tuple:
-        # The per-env table travels only when configured, so generators (and test doubles)
-        # that know one horizon keep working.
-        base = (self.horizon, self.version)
-        return (*base, dict(self.env_horizons)) if self.env_horizons else base
+    def setting(self) -> HorizonSetting:
+        """What the next rollout call should carry."""
+        return HorizonSetting(self.horizon, self.version, dict(self.env_horizons))
 
     def tick(self, step: int, stats: dict[str, float] | None = None) -> tuple[int, int]:
         """Record that `step` steps are done (with that step's rollout statistics for the
-        adaptive schedule); broadcast if the horizon changes."""
+        adaptive schedule); a change bumps the version. Returns at once (see the class)."""
         self.step = step
         if self.cfg.schedule == "adaptive":
             if stats is not None:
@@ -154,8 +175,6 @@ class CurriculumActor:
         if new != self.horizon or new_env != self.env_horizons:
             self.horizon, self.env_horizons = new, new_env
             self.version, self.window = self.version + 1, []
-            self._wait([_call(h, "set_horizon", *self._broadcast())
-                        for h in self.generators.values()])
         return self.horizon, self.version
 
     def last_decision(self) -> dict[str, Any] | None:

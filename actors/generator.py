@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 
 from horizonrl.actors.config import GeneratorConfig
+from horizonrl.actors.curriculum import HorizonSetting
 from horizonrl.actors.heap import trim_heap
 from horizonrl.actors.rollout import AgentLoop, Engine
 from horizonrl.envpool.pool import EnvError, EnvPool
@@ -149,10 +150,14 @@ class GeneratorActor:
 
     # -- rollout -----------------------------------------------------------------------------
     def rollout(self, tasks: Sequence[Task], *, group_size: int, step: int,
-                horizon: int | None = None) -> RolloutReport:
+                horizon: int | None = None,
+                setting: HorizonSetting | None = None) -> RolloutReport:
         """Run `group_size` episodes of each task to the end; push each as it finishes.
-        `horizon` overrides the curriculum's (every env's) for this call only (evaluation
-        sweeps)."""
+        `setting` is the curriculum's horizon in force when the call was made; it is kept for
+        later calls (a stale one is ignored, as by `set_horizon`). `horizon` overrides the
+        curriculum's (every env's) for this call only (evaluation sweeps)."""
+        if setting is not None:
+            self.set_horizon(setting.horizon, setting.version, setting.env_horizons)
         per_env = {} if horizon else self.env_horizons
         horizon = horizon or self.horizon
         if horizon is None:

@@ -18,6 +18,10 @@ more than `max_staleness` versions behind (and counts them), and trains with the
 trajectories land in which update depends on timing, so an async run is not bit-for-bit
 reproducible, and `--resume` restores weights, optimizer and curriculum but not the in-flight
 rollouts (they are re-generated).
+
+In both modes each rollout call carries the curriculum's horizon in force when it is handed
+out (`CurriculumActor.setting`): a change at a tick applies from the next rollout on, and
+never waits for a rollout in progress (a generator serves one call at a time).
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ class SyncPhase:
         t = self.t
         shares = split_evenly(tasks, len(t.generators))
         group = t.cfg.generator.group_size
-        refs = [g.rollout.remote(s, step=step, group_size=group)
+        setting = ray.get(t.curriculum.setting.remote())
+        refs = [g.rollout.remote(s, step=step, group_size=group, setting=setting)
                 for g, s in zip(t.generators, shares)]
         outs = []
         for i, (ref, share) in enumerate(zip(refs, shares)):
@@ -93,7 +98,7 @@ class SyncPhase:
                                          when=f"in step {step} (its {len(share)} tasks "
                                          "are re-run)")
                 outs.append(ray.get(t.generators[i].rollout.remote(
-                    share, step=step, group_size=group)))
+                    share, step=step, group_size=group, setting=setting)))
         return outs
 
     def _fill_with_signal(self, g: Gathered, step: int) -> None:
@@ -163,14 +168,18 @@ class AsyncPhase:
         self._reload_seconds: list[Any] = []  # ObjectRefs of hand-offs not yet reported
 
     def _submit(self, i: int) -> None:
-        """Give generator i the newest weights (if it lags) and its next rollout."""
+        """Give generator i the newest weights (if it lags) and its next rollout, which
+        carries the horizon in force now."""
+        import ray
+
         t = self.t
         if self.gen_versions[i] < t.policy_version:
             self._reload_seconds.append(t.weights.hand_off(i, t.policy_version))
             self.gen_versions[i] = t.policy_version
         tasks = sample_tasks(t.cfg, self.rollouts)
         self.inflight[i] = t.generators[i].rollout.remote(
-            tasks, step=self.rollouts, group_size=t.cfg.generator.group_size)
+            tasks, step=self.rollouts, group_size=t.cfg.generator.group_size,
+            setting=ray.get(t.curriculum.setting.remote()))
         self.rollouts += 1
 
     def gather(self, step: int) -> Gathered:

@@ -1,4 +1,4 @@
-"""The curriculum actor with 2 real generator actors: broadcasts, a restart, the horizon bound."""
+"""The curriculum actor with 2 real generator actors: a horizon change, a restart, the bound."""
 
 from __future__ import annotations
 
@@ -34,9 +34,11 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
         assert horizons() == [2, 2]
         m0 = trainer.step()
         assert (m0["horizon"], m0["next_horizon"]) == (2, 4)
-        # tick() returned only after both generators acknowledged the new horizon.
-        assert horizons() == [4, 4]
+        # The tick called no generator; the new horizon rides with each one's next rollout.
+        assert horizons() == [2, 2]
+        assert ray.get(trainer.curriculum.setting.remote()).horizon == 4
         trainer.step()
+        assert horizons() == [4, 4]
         step1 = trainer.last_trajectories
         assert {t.horizon for t in step1} == {4}
         assert {t.info["generator"] for t in step1} == {"gen0", "gen1"}

@@ -1,4 +1,8 @@
-"""ScalingInter-RL schedule: step -> horizon at and around stage boundaries, and broadcasts."""
+"""ScalingInter-RL schedule: step -> horizon at and around stage boundaries, and how the
+horizon reaches generators (at registration, then with each rollout call)."""
+
+import threading
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -6,6 +10,7 @@ from pydantic import ValidationError
 from horizonrl.actors.config import CurriculumConfig
 from horizonrl.actors.curriculum import (
     CurriculumActor,
+    HorizonSetting,
     env_horizons_at,
     env_weights_at,
     horizon_at,
@@ -50,15 +55,19 @@ class _Gen:
         self.calls.append((h, v))
 
 
-def test_broadcast_on_change_only():
+def test_register_sends_the_horizon_and_changes_travel_with_rollouts():
     cfg = CurriculumConfig(horizons=[2, 4], steps_per_stage=2)
     actor, a, b = CurriculumActor(cfg), _Gen(), _Gen()
     actor.register("a", a)
     actor.register("b", b)
-    actor.tick(1)
-    actor.tick(2)
-    actor.tick(3)
-    assert a.calls == [(2, 0), (4, 1)] and b.calls == [(2, 0), (4, 1)]
+    settings = []
+    for s in (1, 2, 3):
+        actor.tick(s)
+        settings.append(actor.setting())
+    # A tick never calls a generator: its next rollout call carries the setting.
+    assert a.calls == [(2, 0)] and b.calls == [(2, 0)]
+    assert [(x.horizon, x.version) for x in settings] == [(2, 0), (4, 1), (4, 1)]
+    assert settings[-1] == HorizonSetting(4, 1, {})
     late = _Gen()  # a generator that (re)registers later gets the current horizon at once
     actor.register("a", late)
     assert late.calls == [(4, 1)]
@@ -114,12 +123,12 @@ def test_adaptive_respects_bounds_and_lowers_only_if_allowed():
     assert _decide(idle, horizon=4, cfg=lowering).after == 4  # never below horizons[0]
 
 
-def test_adaptive_actor_broadcasts_and_restores_window():
+def test_adaptive_actor_raises_and_restores_window():
     actor, gen = CurriculumActor(ADAPT), _Gen()
     actor.register("g", gen)
     for s in range(1, 5):
         actor.tick(s, {"success_rate": 0.3, "truncated_at_horizon_rate": 0.8})
-    assert gen.calls == [(4, 0), (6, 1)]
+    assert gen.calls == [(4, 0)] and actor.setting() == HorizonSetting(6, 1, {})
     assert actor.window == []  # statistics restart after a change
     actor.tick(5, {"success_rate": 0.5, "truncated_at_horizon_rate": 0.2})
     restored = CurriculumActor(ADAPT)
@@ -135,17 +144,22 @@ class _EnvGen:
         self.calls.append((h, v, env_horizons))
 
 
-def test_per_env_horizons_follow_the_stages_and_are_broadcast():
+def test_per_env_horizons_follow_the_stages_and_travel_with_the_horizon():
     cfg = CurriculumConfig(horizons=[4, 8, 12], steps_per_stage=2,
                            env_horizons={"textcraft": [10, 20, 30]})
     assert [stage_at(cfg, s) for s in range(7)] == [0, 0, 1, 1, 2, 2, 2]
     assert env_horizons_at(cfg, 3) == {"textcraft": 20}
     actor, gen = CurriculumActor(cfg), _EnvGen()
     actor.register("g", gen)
+    assert gen.calls == [(4, 0, {"textcraft": 10})]
+    settings = []
     for s in range(1, 5):
         actor.tick(s)
-    assert gen.calls == [(4, 0, {"textcraft": 10}), (8, 1, {"textcraft": 20}),
-                         (12, 2, {"textcraft": 30})]
+        settings.append(actor.setting())
+    assert settings == [HorizonSetting(4, 0, {"textcraft": 10}),
+                        HorizonSetting(8, 1, {"textcraft": 20}),
+                        HorizonSetting(8, 1, {"textcraft": 20}),
+                        HorizonSetting(12, 2, {"textcraft": 30})]
     resumed = CurriculumActor(cfg)
     resumed.set_state(actor.get_state())
     assert resumed.current_env_horizons() == {"textcraft": 30}
@@ -160,3 +174,48 @@ def test_per_env_tables_are_validated():
         CurriculumConfig(schedule="fixed", horizons=[4], env_weights={"a": [1.0, 2.0]})
     assert env_weights_at(CurriculumConfig(horizons=[2, 4], steps_per_stage=5,
                                            env_weights={"a": [1.0, 0.0]}), 7) == {"a": 0.0}
+
+
+class _BusyGen:
+    """A generator that serves one call at a time, as a Ray actor does: `set_horizon` waits
+    for the rollout in progress. Records the horizon each rollout ran with."""
+
+    def __init__(self):
+        self.turn = threading.Lock()
+        self.horizon, self.version, self.used = None, -1, []
+
+    def set_horizon(self, h, v, env_horizons=None):
+        with self.turn:
+            if v >= self.version:
+                self.horizon, self.version = h, v
+
+    def rollout(self, *, seconds, setting=None, started=None):
+        with self.turn:
+            if started is not None:
+                started.set()
+            time.sleep(seconds)
+            # What GeneratorActor.rollout does with the horizon its call carries.
+            if setting is not None and setting.version >= self.version:
+                self.horizon, self.version = setting.horizon, setting.version
+            self.used.append(self.horizon)
+
+
+def test_tick_never_waits_on_a_generator_busy_with_a_rollout():
+    """Async mode (issue 41, defect 10): a horizon change mid-rollout must not stall the
+    driver for the rest of that rollout; the next rollout call carries the new horizon."""
+    cfg = CurriculumConfig(horizons=[2, 4], boundaries=[1])
+    actor, gen = CurriculumActor(cfg), _BusyGen()
+    actor.register("g", gen)
+    started = threading.Event()
+    busy = threading.Thread(target=gen.rollout, kwargs={"seconds": 1.0, "started": started})
+    busy.start()
+    try:
+        assert started.wait(5)
+        t0 = time.monotonic()
+        assert actor.tick(1) == (4, 1)
+        waited = time.monotonic() - t0
+    finally:
+        busy.join(10)
+    assert waited < 0.25, f"tick waited {waited:.2f}s on the rollout in progress"
+    gen.rollout(seconds=0.0, setting=actor.setting())
+    assert gen.used == [2, 4]  # the rollout in progress kept its horizon; the next has the new
