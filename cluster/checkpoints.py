@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from horizonrl.learner.config import LearnerConfig
 
 STATE_FILE = "trainer_state.json"
 LEARNER_DIR = "learner"  # DeepSpeed model/optimizer/scheduler partitions + per-rank RNG
@@ -97,3 +100,45 @@ def prune_checkpoints(run_dir: Path, *, keep: int) -> list[Path]:
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone
+
+
+def learner_identity(cfg: LearnerConfig) -> dict[str, Any]:
+    """What a learner's saved optimizer state is only valid for."""
+    return {"world_size": cfg.world_size, "zero_stage": cfg.zero_stage,
+            "algorithm": cfg.algorithm}
+
+
+def write_checkpoint(run_dir: Path, learner: Any, *, base_model_path: str,
+                     state: dict[str, Any], keep: int) -> Path:
+    """HF model + tokenizer, the learner's optimizer/scheduler/RNG state, `state` (the driver
+    and curriculum state) and a logprob probe, under checkpoints/step_N for N = state["step"]
+    (renamed into place only when complete); then only the newest `keep` are kept. N counts the
+    updates the weights hold: a resume goes on with step N."""
+    import shutil
+
+    path = run_dir / "checkpoints" / f"step_{state['step']:06d}"
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    learner.save_hf(tmp)
+    learner.save_checkpoint(tmp / LEARNER_DIR)
+    for f in Path(base_model_path).glob("tokenizer*"):
+        shutil.copy(f, tmp / f.name)
+    write_probe(tmp, PROBE_IDS, learner.score([PROBE_IDS])[0], learner.dtype)
+    write_state(tmp, state)
+    if path.exists():  # the same step saved again (a resumed run that had finished)
+        shutil.rmtree(path)
+    tmp.rename(path)  # a checkpoint folder without .tmp is complete
+    prune_checkpoints(run_dir, keep=keep)
+    return path
+
+
+def restore_learner(learner: Any, resume: ResumeState, want: dict[str, Any]) -> None:
+    """Optimizer, scheduler and RNG from the checkpoint; a checkpoint from another world
+    size, ZeRO stage or algorithm (`want`, the learner's identity), or one without learner
+    state, resumes weights only."""
+    state_dir = resume.checkpoint / LEARNER_DIR
+    if resume.learner != want or not state_dir.is_dir():
+        print(f"[horizonrl] WARNING: {resume.checkpoint} has learner state {resume.learner}, "
+              f"this run is {want}: resuming the weights with a fresh optimizer", flush=True)
+        return
+    learner.load_checkpoint(state_dir)

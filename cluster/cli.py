@@ -163,8 +163,14 @@ def run_eval(args: argparse.Namespace, cfg: Any) -> int:
     known = {e.key: e for e in cfg.envs}
     names = args.envs.split(",") if args.envs else list(known)
     envs = [known[n] if n in known else EnvConfig(name=n, kwargs={}) for n in names]
-    evaluate(cfg, models, envs=envs, tasks=args.tasks, samples=max(ks), max_turns=turns,
-             out=args.out, split=args.split)
+    from horizonrl.cluster.plan import DoesNotFit
+
+    try:
+        evaluate(cfg, models, envs=envs, tasks=args.tasks, samples=max(ks), max_turns=turns,
+                 out=args.out, split=args.split)
+    except DoesNotFit as exc:  # its generator could not be placed
+        print(f"horizonrl: eval: {exc}", file=sys.stderr)
+        return 2
     # What wrote the report, beside it (results.json stays the numbers alone): `make figures`
     # reruns this command.
     (Path(args.out) / "command.json").write_text(json.dumps(
@@ -268,10 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         from horizonrl.cluster.multinode import NotMultiNodeReady
         from horizonrl.cluster.plan import DoesNotFit
         from horizonrl.cluster.run import train
+        from horizonrl.learner.group import PlacementTimeout
 
         try:
             train(cfg, resume=args.resume)
-        except (FileNotFoundError, ConfigError, DoesNotFit, NotMultiNodeReady) as exc:
+        except (FileNotFoundError, ConfigError, DoesNotFit, NotMultiNodeReady,
+                PlacementTimeout) as exc:
             print(f"horizonrl: {exc}", file=sys.stderr)
             return 2
         except (LearnerLost, GeneratorLost) as exc:

@@ -9,7 +9,6 @@ ticks. The modes differ only in their phase (cluster/phases.py).
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -19,12 +18,10 @@ from typing import Any
 from horizonrl.actors.curriculum import CurriculumActor
 from horizonrl.actors.generator import GeneratorActor
 from horizonrl.cluster.checkpoints import (
-    LEARNER_DIR,
-    PROBE_IDS,
     ResumeState,
-    prune_checkpoints,
-    write_probe,
-    write_state,
+    learner_identity,
+    restore_learner,
+    write_checkpoint,
 )
 from horizonrl.cluster.config import RunConfig
 from horizonrl.cluster.iteration import (
@@ -41,13 +38,13 @@ from horizonrl.cluster.metrics import MetricsLogger
 from horizonrl.cluster.models import ensure_model
 from horizonrl.cluster.multinode import record_placement
 from horizonrl.cluster.phases import make_phase
-from horizonrl.cluster.plan import placement_plan
+from horizonrl.cluster.plan import placement_plan, wait_started
 from horizonrl.cluster.prometheus import PrometheusExporter
 from horizonrl.cluster.warm_start import DemoReplay
 from horizonrl.envpool.pool import EnvPool
 from horizonrl.learner.batch import apply_overlong
 from horizonrl.learner.group import LearnerGroup
-from horizonrl.learner.weights import make_weight_sync
+from horizonrl.learner.weights import SyncStats, make_weight_sync
 from horizonrl.protos.chat import load_tokenizer
 from horizonrl.protos.codec import to_json_line
 from horizonrl.protos.reports import RolloutSeconds
@@ -87,7 +84,9 @@ class Trainer:
             ray.get(self.curriculum.set_state.remote(resume.curriculum))
         self.generators = [self._spawn_generator(i)
                            for i in range(cfg.generator.num_generators)]
-        ray.get([g.ready.remote() for g in self.generators])
+        wait_started({f"generator gen{i}": g for i, g in enumerate(self.generators)},
+                     timeout_s=cfg.generator.restart_timeout_s,
+                     needs=placement_plan(cfg)[0][2], knob="generator.restart_timeout_s")
         ray.get([self.curriculum.register.remote(f"gen{i}", g)
                  for i, g in enumerate(self.generators)])
         self.learner = LearnerGroup(resolved_learner(cfg), model_path=self.model_path,
@@ -100,7 +99,7 @@ class Trainer:
         (run_dir / "precision.json").write_text(json.dumps(self.precision))
         record_placement(run_dir, self.generators, self.learner.workers)
         if resume:
-            self._restore_learner(resume)
+            restore_learner(self.learner, resume, learner_identity(cfg.learner))
         self.weights = make_weight_sync(cfg.learner, self.learner, self.generators)
         self.replay = DemoReplay.for_run(cfg, run_dir) if cfg.init.replay_batch else None
         self.metrics = MetricsLogger(
@@ -130,7 +129,7 @@ class Trainer:
         remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus,
                             resources=g.resources or None)(GeneratorActor)
         return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
-                             env_pools=[EnvPool(e, name=f"gen{i}-{e.key}")
+                             env_pools=[EnvPool(e, name=f"gen{i}-{e.key}", index=i)
                                         for e in self.cfg.envs],
                              ingest_address=self.ingest_address,
                              ingest_token=self.ingest_token,
@@ -200,7 +199,7 @@ class Trainer:
             learn = {**learn, **{f"replay_{k}": v for k, v in sft.items()}}
         t_learn = time.perf_counter() - t0
         trained = self._account(step, g, trajs)
-        sync = self.phase.publish(learn)
+        sync, lost = self._publish(learn)
         self.step_count += 1
         roll = rollout_metrics(trajs)
         new_horizon, _ = ray.get(self.curriculum.tick.remote(self.step_count, roll))
@@ -233,7 +232,9 @@ class Trainer:
                              if k not in ("weight_sync_seconds", "weight_reload_seconds")}}
         m["env"] = env_metrics(self.cfg, trajs, outs)
         every = self.cfg.eval.every
-        if every and (self.step_count % every == 0 or self.step_count == self.cfg.iterations):
+        # Without all its generators there is no eval; the resumed run does not repeat it.
+        if every and lost is None and (self.step_count % every == 0
+                                       or self.step_count == self.cfg.iterations):
             m.update(self.evaluate())
         if decision is not None:
             m["curriculum_decision"] = decision["reason"]
@@ -247,7 +248,20 @@ class Trainer:
             log.mkdir(exist_ok=True)
             (log / f"step_{step:06d}.jsonl").write_text(
                 "".join(to_json_line(t) + "\n" for t in trajs))
+        if lost is not None:
+            raise lost
         return m
+
+    def _publish(self, learn: dict[str, float]) -> tuple[SyncStats, GeneratorLost | None]:
+        """The phase's weight push, and the generator lost for good during it (if any). The
+        update is applied and the version moved on by then, so the step is finished (counted,
+        ticked, logged) before the loss is raised: the checkpoint the run then saves is of this
+        step done. Saved as this step's own number it would replace the clean checkpoint
+        before the step, and a resume would apply the update a second time."""
+        try:
+            return self.phase.publish(learn), None
+        except GeneratorLost as exc:
+            return SyncStats(seconds=0.0, reload_seconds=0.0), exc
 
     def _learner_call(self, update: Callable[[Any], dict[str, float]],
                       data: Any) -> dict[str, float]:
@@ -294,7 +308,11 @@ class Trainer:
 
         e = self.cfg.eval
         turns = e.max_turns or [ray.get(self.curriculum.current.remote())[0]]
-        records = run_sweep(self.generators, lambda ids: self.collect(ids)[0], model="policy",
+        # Raw trajectories: the eval reports the env's rewards, not a training rule (overlong).
+        timeout_s = self.cfg.learner.ingest.collect_timeout_s
+        records = run_sweep(self.generators,
+                            lambda ids: collect_trajectories(self.ingest, ids, timeout_s)[0],
+                            model="policy",
                             envs=self.cfg.envs, tasks=e.tasks, samples=e.samples,
                             max_turns=turns, step=self.step_count)
         summary = summarise(records, [e.samples])["policy"]
@@ -305,47 +323,20 @@ class Trainer:
                 flat[f"eval/{env}/h{h}/pass@{e.samples}"] = cell["pass_at_k"][str(e.samples)][
                     "value"]
                 flat[f"eval/{env}/h{h}/mean_turns"] = cell["mean_turns"]
+                flat[f"eval/{env}/h{h}/mean_reward"] = cell["mean_reward"]
         return {k: v for k, v in flat.items() if v is not None}
 
     def save_checkpoint(self) -> Path:
-        """HF model + tokenizer, the learner's optimizer/scheduler/RNG state, the driver and
-        curriculum state and a logprob probe, under checkpoints/step_N (renamed into place only
-        when complete); then only the newest `keep_checkpoints` are kept."""
+        """checkpoints/step_N of the steps done so far (cluster/checkpoints.py)."""
         import ray
 
-        path = self.run_dir / "checkpoints" / f"step_{self.step_count:06d}"
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.learner.save_hf(tmp)
-        self.learner.save_checkpoint(tmp / LEARNER_DIR)
-        for f in Path(self.base_model_path).glob("tokenizer*"):
-            shutil.copy(f, tmp / f.name)
-        write_probe(tmp, PROBE_IDS, self.learner.score([PROBE_IDS])[0], self.learner.dtype)
-        write_state(tmp, {"step": self.step_count, "policy_version": self.policy_version,
-                          "curriculum": ray.get(self.curriculum.get_state.remote()),
-                          "base_model_path": self.base_model_path,
-                          "learner": {"world_size": self.cfg.learner.world_size,
-                                      "zero_stage": self.cfg.learner.zero_stage,
-                                      "algorithm": self.cfg.learner.algorithm}})
-        if path.exists():  # the same step saved again (a resumed run that had finished)
-            shutil.rmtree(path)
-        tmp.rename(path)  # a checkpoint folder without .tmp is complete
-        prune_checkpoints(self.run_dir, keep=self.cfg.keep_checkpoints)
-        return path
-
-    def _restore_learner(self, resume: ResumeState) -> None:
-        """Optimizer, scheduler and RNG from the checkpoint; a checkpoint from another world
-        size, ZeRO stage or algorithm (or one without learner state) resumes weights only."""
-        saved = resume.learner
-        want = {"world_size": self.cfg.learner.world_size,
-                "zero_stage": self.cfg.learner.zero_stage,
-                "algorithm": self.cfg.learner.algorithm}
-        state_dir = resume.checkpoint / LEARNER_DIR
-        if saved != want or not state_dir.is_dir():
-            print(f"[horizonrl] WARNING: {resume.checkpoint} has learner state {saved}, this run "
-                  f"is {want}: resuming the weights with a fresh optimizer", flush=True)
-            return
-        self.learner.load_checkpoint(state_dir)
+        return write_checkpoint(
+            self.run_dir, self.learner, base_model_path=self.base_model_path,
+            keep=self.cfg.keep_checkpoints,
+            state={"step": self.step_count, "policy_version": self.policy_version,
+                   "curriculum": ray.get(self.curriculum.get_state.remote()),
+                   "base_model_path": self.base_model_path,
+                   "learner": learner_identity(self.cfg.learner)})
 
     def close(self) -> None:
         self.phase.close()

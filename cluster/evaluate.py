@@ -33,7 +33,9 @@ def eval_tasks(envs: Sequence[EnvConfig], tasks: int, tag: str,
 
 
 def to_records(model: str, trajs: Sequence[Trajectory], max_turns: int) -> list[EpisodeRecord]:
-    """One record per episode; samples numbered within each task in arrival order."""
+    """One record per episode; samples numbered within each task in arrival order. The reward
+    is the env's: the in-training eval collects through the training path, where
+    `learner.overlong=penalty` lowered cut episodes' rewards (keeping the env's in info)."""
     seen: dict[str, int] = {}
     out = []
     for t in trajs:
@@ -43,7 +45,7 @@ def to_records(model: str, trajs: Sequence[Trajectory], max_turns: int) -> list[
         out.append(EpisodeRecord(
             model=model, env=t.env_name, task_id=t.task_id, seed=int(t.info.get("seed", -1)),
             sample=k, max_turns=max_turns, success=bool(t.info.get("success", False)),
-            reward=float(t.reward), num_turns=len(actions),
+            reward=float(t.info.get("env_reward", t.reward)), num_turns=len(actions),
             actions=actions, invalid_actions=min(int(t.info.get("invalid_actions", 0)),
                                                  len(actions)),
             failure="" if t.failure.value == "none" else t.failure.value, goal_turn=None))
@@ -118,6 +120,7 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
     from horizonrl.cluster.eval_metrics import summarise
     from horizonrl.cluster.eval_report import write_report
     from horizonrl.cluster.iteration import collect_trajectories, open_ingest
+    from horizonrl.cluster.plan import placement_plan, wait_started
 
     records: list[EpisodeRecord] = []
     g = cfg.generator
@@ -135,7 +138,8 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
                                            for e in envs],
                                 ingest_address=address, ingest_token=token,
                                 ingest_tls_ca=cfg.learner.ingest.tls_ca_path, seed=cfg.seed)
-            ray.get(gen.ready.remote())
+            wait_started({f"generator eval-{label}": gen}, timeout_s=g.restart_timeout_s,
+                         needs=placement_plan(cfg)[0][2], knob="generator.restart_timeout_s")
             records += run_sweep(
                 [gen], lambda ids: collect_trajectories(
                     ingest, ids, cfg.learner.ingest.collect_timeout_s)[0],

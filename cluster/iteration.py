@@ -76,7 +76,8 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     turns = sum(t.num_turns for t in ok)
     n = max(len(ok), 1)
     return {
-        "reward_mean": sum(t.reward for t in ok) / n,
+        # The env's reward: learner.overlong=penalty lowers `reward` for training only.
+        "reward_mean": sum(t.info.get("env_reward", t.reward) for t in ok) / n,
         "success_rate": sum(bool(t.info.get("success", False)) for t in ok) / n,
         "turns_mean": turns / n,
         "invalid_action_rate": sum(t.info.get("invalid_actions", 0) for t in ok) / max(turns, 1),

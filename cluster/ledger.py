@@ -7,9 +7,10 @@ Fates:
 - dropped, with a reason: `env_error` / `timeout` (infrastructure failure, masked out of group
   statistics, never scored 0), `generator_lost` (delivered by a generator that then died; its
   share was re-run under new ids), `zero_variance` (group without reward variance),
-  `stale` (async: too many versions behind), `update_skipped` (too few rows for an update),
+  `stale` (async: too many versions behind), `update_skipped` (too few episodes for an update),
   `not_selected` (dynamic sampling surplus, rejection sampling's failures), `in_flight` (async:
-  buffered when the run ended).
+  buffered when the run ended), `overlong` (cut by the context limit or the horizon under
+  `learner.overlong=mask`; under `penalty` such an episode is trained, with the lowered reward).
 Episodes that died with their generator before they had an id are counted apart
 (`generator_error`): they were re-issued, so they are not lost work but not ids either.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 from horizonrl.cluster.config import RunConfig
 from horizonrl.learner.config import rank_bundle
@@ -44,16 +45,61 @@ def shortfall(need: dict[str, float], have: dict[str, float], *, where: str) -> 
                      if v > have.get(k, 0.0) + 1e-9)
 
 
+def node_requests(cfg: RunConfig) -> list[tuple[str, int, dict[str, float]]]:
+    """The plan as requests that must each fit one node whole: learner ranks packed strictly
+    are one request of all their bundles."""
+    plan = placement_plan(cfg)
+    if cfg.learner.placement_strategy != "STRICT_PACK":
+        return plan
+    out = []
+    for role, n, res in plan:
+        if role.startswith("learner rank"):  # "learner rank (DeepSpeed ZeRO-2 x 4, ...)"
+            out.append((f"{role[:-1]} x {n}, STRICT_PACK)", 1, {k: n * v for k, v in res.items()}))
+        else:
+            out.append((role, n, res))
+    return out
+
+
+def misfits(plan: list[tuple[str, int, dict[str, float]]],
+            nodes: dict[str, dict[str, float]]) -> list[str]:
+    """One line per role of `plan` that no node of `nodes` ({node: its resources}) holds even
+    with nothing else on it, saying what no node has. Ray places an actor (or a placement-group
+    bundle) whole on one node, so such an actor stays pending for ever, whatever the totals."""
+    lines = []
+    for role, n, res in plan:
+        if not n or not res or any(not shortfall(res, have, where="has")
+                                   for have in nodes.values()):
+            continue
+        asked = ", ".join(f"{k} {v:g}" for k, v in res.items())
+        lines.append(f"{role} needs {asked} on one node; {_no_node_has(res, nodes)}")
+    return lines
+
+
+def _no_node_has(res: dict[str, float], nodes: dict[str, dict[str, float]]) -> str:
+    """The resources of `res` that no node has enough of, or (each being somewhere) what the
+    first few nodes lack of it."""
+    most = {k: max((have.get(k, 0.0) for have in nodes.values()), default=0.0) for k in res}
+    short = [f"{k} {v:g} (the most any node has is {most[k]:g})"
+             for k, v in res.items() if v > most[k] + 1e-9]
+    if short:
+        return "no node has " + ", ".join(short)
+    return "no node has all of it (" + "; ".join(
+        f"{node}: {shortfall(res, have, where='has')}"
+        for node, have in list(nodes.items())[:4]) + ")"
+
+
 def wait_until_fits(cfg: RunConfig, *, poll_s: float = 10.0) -> None:
-    """Inside the run's Ray session, before any actor starts: return once the cluster's free
-    resources hold every actor of the plan, or raise DoesNotFit with what is missing after
-    `ray.wait_for_resources_s` (0: at once). Without it a run that cannot be placed hangs
-    silently on its first pending actor."""
+    """Inside the run's Ray session, before any actor starts: return once every actor of the
+    plan fits some alive node and the cluster's free resources hold them all, or raise
+    DoesNotFit with what is missing after `ray.wait_for_resources_s` (0: at once). Without it
+    a run that cannot be placed hangs silently on its first pending actor."""
     import ray
 
-    need = total(placement_plan(cfg))
+    requests = node_requests(cfg)
+    need = total(requests)
     deadline = time.monotonic() + cfg.ray.wait_for_resources_s
-    while missing := shortfall(need, ray.available_resources(), where="free now"):
+    while missing := ("; ".join(misfits(requests, live_nodes()))
+                      or shortfall(need, ray.available_resources(), where="free now")):
         left = deadline - time.monotonic()
         if left <= 0:
             raise DoesNotFit(
@@ -62,6 +108,27 @@ def wait_until_fits(cfg: RunConfig, *, poll_s: float = 10.0) -> None:
                 "nodes; set ray.wait_for_resources_s to wait for an autoscaler)")
         print(f"[horizonrl] waiting for resources ({missing}); {left:.0f}s left", flush=True)
         time.sleep(min(poll_s, left))
+
+
+def wait_started(actors: dict[str, Any], *, timeout_s: float, needs: dict[str, float],
+                 knob: str) -> None:
+    """Wait for each actor's `ready()` ({name: handle}) at most `timeout_s`. Past it the actors
+    not running are killed (never to start later) and DoesNotFit names them: an actor Ray
+    cannot place would otherwise be waited on for ever."""
+    import ray
+
+    refs = {name: a.ready.remote() for name, a in actors.items()}
+    _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    ray.get([r for r in refs.values() if r not in pending])  # a failed start raises its error
+    late = [name for name, ref in refs.items() if ref in pending]
+    if not late:
+        return
+    for name in late:
+        ray.kill(actors[name])
+    raise DoesNotFit(
+        f"{', '.join(late)} not running within {timeout_s:g}s ({knob}): no node had room for "
+        f"it (each needs {', '.join(f'{k} {v:g}' for k, v in needs.items())}; free now: "
+        f"{ray.available_resources()}), or its model loads slower than that (raise {knob})")
 
 
 def place_on_nodes(plan: list[tuple[str, int, dict[str, float]]],
@@ -91,12 +158,19 @@ def place_on_nodes(plan: list[tuple[str, int, dict[str, float]]],
 
 
 def live_nodes() -> dict[str, dict[str, float]]:
-    """{node IP: its total resources} of the alive nodes of the connected cluster."""
+    """{node IP: its total resources} of the alive nodes of the connected cluster; nodes that
+    share an IP (several raylets on one machine) are told apart by their node id."""
     import ray
 
-    return {n["NodeManagerAddress"]: {k: v for k, v in n["Resources"].items()
-                                      if not k.startswith("node:")}
-            for n in ray.nodes() if n.get("Alive")}
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    ips = Counter(n["NodeManagerAddress"] for n in alive)
+
+    def name(n: dict[str, Any]) -> str:
+        ip = n["NodeManagerAddress"]
+        return ip if ips[ip] == 1 else f"{ip} (node {n['NodeID'][:10]})"
+
+    return {name(n): {k: v for k, v in n["Resources"].items() if not k.startswith("node:")}
+            for n in alive}
 
 
 def cluster_resources(cfg: RunConfig

@@ -63,8 +63,11 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
         ray.init(address=address, log_to_driver=True)
     else:
         os.environ.update(LOCAL_RAY_ENV)
+        # address="local": always a Ray of our own; without it ray.init joins any Ray already
+        # running on the machine (another run's, another test's) and then refuses num_cpus.
         start_local(lambda: ray.init(
-            num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+            address="local", num_cpus=cfg.num_cpus, include_dashboard=False,
+            _node_ip_address="127.0.0.1",
             log_to_driver=True, runtime_env={"env_vars": LOCAL_RAY_ENV}))
     try:
         yield

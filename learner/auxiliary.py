@@ -77,8 +77,11 @@ def succeeded(traj: Trajectory) -> bool:
 
 def _usable(traj: Trajectory) -> bool:
     # Infrastructure failures say nothing about the policy; an episode without a model token
-    # (e.g. the context was full before the first turn) has nothing to train on.
-    return traj.failure is Failure.NONE and any(traj.response_mask)
+    # (e.g. the context was full before the first turn) has nothing to train on; one that
+    # `learner.overlong=mask` masked is out of every loss (the ledger drops it as `overlong`,
+    # so picking it too would give it two fates).
+    return (traj.failure is Failure.NONE and any(traj.response_mask)
+            and not traj.info.get("overlong_masked"))
 
 
 def sft_examples_from_trajectories(trajs: Iterable[Trajectory], *,

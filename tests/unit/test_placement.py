@@ -55,3 +55,81 @@ def test_totals_that_suffice_can_still_leave_an_actor_out():
 def test_builtin_or_empty_custom_resources_are_refused(bad):
     with pytest.raises(ValidationError, match=r"num_cpus|above 0"):
         EnvConfig(resources=bad)
+
+
+def _fake_cluster(monkeypatch, nodes: dict[str, dict[str, float]]) -> None:
+    """`ray.nodes()` and `ray.available_resources()` of a cluster of `nodes` (IP: resources),
+    all free: what the start-of-run check reads, without a Ray session."""
+    import ray
+
+    table = [{"NodeID": f"{i:02d}" * 28, "NodeManagerAddress": ip, "Alive": True,
+              "Resources": {**res, f"node:{ip}": 1.0}} for i, (ip, res) in enumerate(nodes.items())]
+    free: dict[str, float] = {}
+    for res in nodes.values():
+        for k, v in res.items():
+            free[k] = free.get(k, 0.0) + v
+    monkeypatch.setattr(ray, "nodes", lambda: table)
+    monkeypatch.setattr(ray, "available_resources", lambda: dict(free))
+
+
+def test_the_start_refuses_a_generator_that_fits_the_totals_but_no_node(monkeypatch):
+    """4 CPUs in all, 2 per node: a 3-CPU generator fits the totals and no node. Ray would keep
+    it pending for ever, so the check before any actor names it and what no node has."""
+    from horizonrl.cluster.plan import DoesNotFit, wait_until_fits
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", ["generator.num_cpus=3",
+                                                           "learner.world_size=1"])
+    _fake_cluster(monkeypatch, {"10.0.0.1": {"CPU": 2.0}, "10.0.0.2": {"CPU": 2.0}})
+    with pytest.raises(DoesNotFit) as err:
+        wait_until_fits(cfg)
+    msg = str(err.value)
+    assert "generator (vLLM + agent loops) needs CPU 3" in msg
+    assert "the most any node has is 2" in msg
+    assert "env actor" not in msg and "learner rank" not in msg  # those fit
+
+
+def test_the_start_passes_when_every_actor_fits_some_node(monkeypatch):
+    from horizonrl.cluster.plan import wait_until_fits
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", ["generator.num_cpus=2",
+                                                           "learner.world_size=1"])
+    _fake_cluster(monkeypatch, {"10.0.0.1": {"CPU": 2.0}, "10.0.0.2": {"CPU": 2.0}})
+    wait_until_fits(cfg)
+
+
+def test_a_request_that_no_node_holds_whole_says_so_per_node(monkeypatch):
+    """Each resource exists somewhere, never together: the message says what each node lacks."""
+    from horizonrl.cluster.plan import DoesNotFit, wait_until_fits
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", ["generator.num_gpus=1",
+                                                           "learner.world_size=1"])
+    _fake_cluster(monkeypatch, {"cpu-node": {"CPU": 8.0}, "gpu-node": {"CPU": 0.5, "GPU": 1.0}})
+    with pytest.raises(DoesNotFit, match=r"generator .*needs CPU 1, GPU 1 on one node; no node "
+                                         r"has all of it \(cpu-node: GPU: needs 1, has 0; "
+                                         r"gpu-node: CPU: needs 1, has 0.5\)"):
+        wait_until_fits(cfg)
+
+
+def test_strictly_packed_learner_ranks_must_fit_one_node_together(monkeypatch):
+    from horizonrl.cluster.plan import DoesNotFit, wait_until_fits
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        "learner.world_size=2", "learner.num_cpus_per_worker=1.5",  # 4.5 CPUs in all
+        "learner.placement_strategy=STRICT_PACK"])
+    _fake_cluster(monkeypatch, {"a": {"CPU": 2.5}, "b": {"CPU": 2.5}})
+    with pytest.raises(DoesNotFit, match=r"learner rank .* x 2, STRICT_PACK\) needs CPU 3"):
+        wait_until_fits(cfg)
+
+
+def test_nodes_that_share_an_ip_are_told_apart(monkeypatch):
+    """Two raylets on one machine (ray.cluster_utils, or two pods on a host network) are two
+    nodes, not one."""
+    from horizonrl.cluster.plan import live_nodes
+
+    _fake_cluster(monkeypatch, {"127.0.0.1": {"CPU": 2.0}})
+    import ray
+
+    table = ray.nodes() * 2
+    table[1] = {**table[1], "NodeID": "ff" * 28}
+    monkeypatch.setattr(ray, "nodes", lambda: table)
+    assert sorted(live_nodes()) == ["127.0.0.1 (node 0000000000)", "127.0.0.1 (node ffffffffff)"]
