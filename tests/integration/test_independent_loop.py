@@ -1,7 +1,7 @@
 """Episodes that run independently over the real vLLM engine's continuous batching: the ids
 and behaviour logprobs each episode recorded are exactly what the engine scores for the same
-sequence (the learner-side check is tests/integration/test_training_loop.py, whose rollouts
-run this loop by default)."""
+sequence (the learner-side check is tests/integration/test_training_loop.py; the default loop
+is lock-step, `generator.loop=independent` chooses this one)."""
 
 from __future__ import annotations
 
