@@ -223,7 +223,7 @@ class IndependentEpisodes:
                 if isinstance(result, EnvError):
                     ep.loop.fail(Failure(result.kind))
                 elif call.method == "reset":
-                    ep.loop.start(result[0])
+                    ep.loop.start(*result)
                 else:
                     ep.loop.add_env_result(result)
                 if ep.loop.done:

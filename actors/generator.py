@@ -233,7 +233,7 @@ class GeneratorActor:
                 if isinstance(first, EnvError):
                     loop.fail(Failure(first.kind))
                 else:
-                    loop.start(first[0])
+                    loop.start(*first)
             # Episodes whose reset failed are done already: account for them now.
             sent += self._push(loops, meta, range(len(loops)), step, version, timing)
             turn = 0

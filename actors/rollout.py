@@ -12,6 +12,7 @@ the turn's span is recorded so the learner can rebuild exactly that prompt as a 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class AgentLoop:
         self.actions: list[str] = []
         self.turn_seconds: list[float] = []
         self.invalid_turns: list[int] = []  # 0-based turns whose action the env rejected
+        # Turn k's state key (the state its action was taken in): GiGPO's anchor states.
+        self.state_keys: list[str] = []
         self.terminated = False
         self.truncated = False
         self.success = False
@@ -94,7 +97,9 @@ class AgentLoop:
         return self.prompt_ids + self.response_ids[self._window_start:]
 
     # -- transitions -------------------------------------------------------------------------
-    def start(self, observation: str) -> None:
+    def start(self, observation: str, info: dict[str, Any] | None = None) -> None:
+        """Open the episode on the env's first observation (and its reset `info`)."""
+        self.state_keys = [state_key(observation, info)]
         self.prompt_ids = self.chat.prompt_ids(self.system_prompt, observation)
         need = len(self.prompt_ids) + self.max_tokens_per_turn
         if need > self.max_context_tokens:
@@ -140,6 +145,7 @@ class AgentLoop:
             self.cut = "horizon"
         self.turn_seconds.append(time.perf_counter() - self._turn_start)
         if not self.done:
+            self.state_keys.append(state_key(result.observation, result.info))
             self._append(self.chat.observation_ids(result.observation), 0, None)
             self._check_context()
 
@@ -191,6 +197,7 @@ class AgentLoop:
             failure=self.failure, turn_seconds=tuple(self.turn_seconds),
             info={"success": self.success, "invalid_actions": len(self.invalid_turns),
                   "invalid_turns": list(self.invalid_turns), "actions": list(self.actions),
+                  "state_keys": self.state_keys[:self.num_turns],
                   **({"cut": self.cut} if self.cut else {}),
                   **({"context_error": self.context_error} if self.context_error else {}),
                   **(info or {})},
@@ -198,11 +205,21 @@ class AgentLoop:
         )
 
 
+def state_key(observation: str, info: dict[str, Any] | None) -> str:
+    """A short digest of the state an observation shows: the env's own `info["state_key"]`
+    where it defines one (TextCraft: the inventory; BabyAI: the view without the invalid-action
+    note), else the observation with whitespace collapsed and case folded. Equal keys in one
+    task group make GiGPO's anchor states (learner.turns); 16 hex digits keep `info` small."""
+    key = (info or {}).get("state_key")
+    text = key if isinstance(key, str) else " ".join(observation.split()).lower()
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
+
+
 def run_episode(loop: AgentLoop, engine: Engine, env: TextEnv, *, seed: int,
                 temperature: float = 1.0) -> AgentLoop:
     """Run one episode to the end with a single engine and env (no batching)."""
-    obs, _ = env.reset(seed=seed)
-    loop.start(obs)
+    obs, info = env.reset(seed=seed)
+    loop.start(obs, info)
     while not loop.done:
         (completion,) = engine.generate([loop.context_ids], max_tokens=loop.max_tokens_per_turn,
                                         temperature=temperature)

@@ -288,15 +288,13 @@ class RunConfig(BaseModel):
         episode in one row cannot take them."""
         if self.generator.context.mode != "window":
             return
+        from horizonrl.learner.credit import estimator_class
+
         algo = self.learner.algorithm
-        if algo == "ppo":
-            raise ValueError("generator.context.mode=window does not work with "
-                             "learner.algorithm=ppo: its critic bootstraps values across turns "
-                             "in one row; use grpo, rloo or reinforce_pp, or mode=full")
-        if algo == "rejection_sampling":
-            raise ValueError("generator.context.mode=window does not work with "
-                             "learner.algorithm=rejection_sampling: it fine-tunes on whole "
-                             "episodes, longer than the context; use mode=full")
+        est = estimator_class(algo)
+        if est.whole_episodes:
+            raise ValueError(f"generator.context.mode=window does not work with "
+                             f"learner.algorithm={algo}: {est.window_hint}")
 
 
 class ConfigError(ValueError):

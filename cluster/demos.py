@@ -107,7 +107,7 @@ class DemoWriter:
                 if isinstance(first, EnvError):
                     loops[i].fail(Failure(first.kind))
                 else:
-                    loops[i].start(first[0])
+                    loops[i].start(*first)
                     infos[i] = first[1]
             while live := [i for i, loop in enumerate(loops) if not loop.done]:
                 experts = self.pool.oracle([slots[i] for i in live])

@@ -18,7 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from horizonrl.protos.trajectory import Failure, Trajectory
 
 LABELS = ("run", "env")
-# name -> (help, key in the driver's flattened metrics)
+# name -> (help, key in the driver's flattened metrics). A key absent from a step's metrics
+# (or not a number) leaves its gauge alone: it keeps its last value, and a gauge never set
+# has no series at all, so an estimator without a figure shows no line rather than a 0.
 GAUGES = {
     "step": ("Training steps finished", "step_done"),
     "horizon": ("Interaction horizon in force (max turns)", "horizon"),
@@ -39,6 +41,25 @@ GAUGES = {
     "learner_entropy": ("Policy entropy on model tokens", "learner/entropy"),
     "learner_grad_norm": ("Global gradient norm", "learner/grad_norm"),
     "learner_clip_fraction": ("Share of tokens with a clipped ratio", "learner/clip_frac"),
+    "learner_groups_kept": ("Task groups the last update learned from", "learner/groups_kept"),
+    # Credit assignment. The step-level (anchor-state, GiGPO) figures exist only for
+    # estimators that compute them; GRPO has the episode-level ones alone.
+    "learner_anchor_groups": ("Anchor-state groups of at least 2 turns in the last update",
+                              "learner/anchor_groups"),
+    "learner_anchor_group_size_mean": ("Mean turns per anchor-state group",
+                                       "learner/anchor_group_size_mean"),
+    "learner_anchor_group_size_max": ("Most turns in one anchor-state group",
+                                      "learner/anchor_group_size_max"),
+    "learner_step_adv_nonzero_share": ("Share of trained turns with a non-zero step-level "
+                                       "advantage", "learner/step_adv_nonzero_share"),
+    "learner_episode_adv_abs_mean": ("Mean |episode-level advantage| over trained turns",
+                                     "learner/episode_adv_abs_mean"),
+    "learner_episode_adv_std": ("Std of the episode-level advantage over trained turns",
+                                "learner/episode_adv_std"),
+    "learner_step_adv_abs_mean": ("Mean |step-level advantage| over trained turns",
+                                  "learner/step_adv_abs_mean"),
+    "learner_step_adv_std": ("Std of the step-level advantage over trained turns",
+                             "learner/step_adv_std"),
     "generator_rss_max_bytes": ("Resident memory of the largest generator process",
                                 "generator_rss_max_bytes"),
     "weight_sync_seconds": ("Seconds to push weights to every generator",

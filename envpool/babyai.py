@@ -184,7 +184,11 @@ class BabyAITextEnv:
 
     # ----------------------------------------------------------------------------- internals
     def _info(self, *, invalid: bool) -> dict[str, Any]:
+        """The step's info. `state_key` (GiGPO's anchor state, actors/rollout.state_key) is the
+        observation without the "Invalid action. " note: an invalid action changes nothing, so
+        it keeps the key, and no step count enters it."""
         return {
+            "state_key": self._obs,
             "invalid_action": invalid,
             "success": self._success,
             "available_actions": list(self._actions),

@@ -261,9 +261,12 @@ class MiniWoBEnv:
                           self._info(invalid=invalid))
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
-        return {"invalid_action": invalid, "success": self._success, "raw_reward": self._raw,
-                "task": self._task, "fields": dict(self._fields), "steps": self._steps,
-                "available_actions": self._available_actions()}
+        """The step's info. `state_key` (GiGPO's anchor state, actors/rollout.state_key) is the
+        page text without the invalid-action note: an invalid action does nothing on the page,
+        so it keeps the key."""
+        return {"state_key": self._obs, "invalid_action": invalid, "success": self._success,
+                "raw_reward": self._raw, "task": self._task, "fields": dict(self._fields),
+                "steps": self._steps, "available_actions": self._available_actions()}
 
     def _available_actions(self) -> list[str]:
         """Clicks on every element on its line, and typing each of the task's field values

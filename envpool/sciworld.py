@@ -346,7 +346,11 @@ class SciWorldEnv:
         )
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
+        """The step's info. `state_key` (GiGPO's anchor state, actors/rollout.state_key) is the
+        last valid game text (the opening after reset): an invalid action leaves the game as it
+        was, so it keeps the key instead of sharing one "Invalid action." key with every state."""
         info: dict[str, Any] = {
+            "state_key": self._obs,
             "invalid_action": invalid,
             "success": self._success,
             "score": self._score,

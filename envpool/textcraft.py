@@ -60,6 +60,8 @@ _MAX_GET = 999  # larger `get` counts only bloat the inventory text
 _GET_RE = re.compile(r"get ([0-9]{1,3}) \S.*")
 _CRAFT_RE = re.compile(r"craft \S.* using \S.*")
 _OK_PREFIXES = ("Got ", "Crafted ", "Inventory:")  # every other game reply is a failure
+_CRAFTED_RE = re.compile(r"Crafted [0-9]+ (\S+)")  # the game's reply names the item id made
+_PLAN_CRAFT_RE = re.compile(r"craft [0-9]+ (.+?) using ")  # a `solve` command's item name
 _LOAD_LOCK = threading.Lock()
 
 
@@ -173,19 +175,64 @@ def _recipe_tree(tree: CraftingTree, goal: str) -> dict[str, Recipe]:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class _Subgoals:
+    """What `subgoal_reward` pays for on one goal (read only, cached per process)."""
+
+    nodes: dict[str, frozenset[str]]
+    """Item id -> the intermediate nodes of the goal's recipe tree that crafting it reaches:
+    the item itself, or a kind of item ("planks") it belongs to. Base items and the goal are
+    not nodes, so a node pays once however many kinds of planks are crafted."""
+    cap: int
+    """Payments per episode: as many as the solver's own plan earns. The tree holds every
+    alternative recipe (a painting's: 20 nodes, most of them dyes), which would otherwise pay
+    more for crafting side branches than the goal itself."""
+
+
+@functools.cache
+def _subgoals(goal: str) -> _Subgoals:
+    tree = _catalog().game.crafting_tree
+    names = {i.item_tag.name for r in _recipe_tree(tree, goal).values() for i in r.input_items}
+    found: dict[str, set[str]] = {}
+    for name in names - {goal}:
+        if not tree.is_craftable(name):
+            continue
+        members = set(tree.get_items_with_tags(name)) if tree.is_tag(name) else set()
+        for item in members | {name}:
+            found.setdefault(item, set()).add(name)
+    nodes = {item: frozenset(hit) for item, hit in found.items()}
+    reached: set[str] = set()
+    cap = 0
+    for command in solve(tree, goal, {}):
+        made = _PLAN_CRAFT_RE.match(command)
+        item = "minecraft:" + made.group(1).replace(" ", "_") if made else ""  # the game's ids
+        cap += bool(nodes.get(item, frozenset()) - reached)
+        reached |= nodes.get(item, frozenset())
+    return _Subgoals(nodes, cap)
+
+
+def _inventory_key(inventory: dict[str, int]) -> str:
+    """The inventory as one canonical line, e.g. "inventory: oak logs:1, stick:4"."""
+    held = sorted(f"{item_id_to_str(item)}:{n}" for item, n in inventory.items() if n > 0)
+    return "inventory: " + (", ".join(held) or "empty")
+
+
 class TextCraftEnv:
     """TextCraft as a `TextEnv` (see envpool/base.py): craft the goal item from base items.
 
     Reward 1.0 when the goal is crafted (the episode terminates), else 0. Every command the
     game rejects (unknown item, missing ingredients, bad syntax) is an invalid action, rewarded
-    -invalid_penalty (0 unless set).
+    -invalid_penalty (0 unless set). Shaping, off by default: `subgoal_reward` is added to the
+    step that first crafts an intermediate item of the goal's recipe tree (not the goal, not a
+    fetched base item), at most as often per episode as the solver's plan would earn it;
+    `info["success"]` stays the game's own.
     """
 
     env_name = "textcraft"
 
     def __init__(
         self, *, depths: tuple[int, ...] | list[int] = DEPTHS, max_steps: int | None = None,
-        invalid_penalty: float = 0.0,
+        invalid_penalty: float = 0.0, subgoal_reward: float = 0.0,
     ) -> None:
         depths = tuple(sorted(set(depths)))
         if not depths or not set(depths) <= set(DEPTHS):
@@ -194,11 +241,18 @@ class TextCraftEnv:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if invalid_penalty < 0:
             raise ValueError(f"invalid_penalty must be >= 0, got {invalid_penalty}")
+        if subgoal_reward < 0:
+            raise ValueError(f"subgoal_reward must be >= 0, got {subgoal_reward}")
         self.depths = depths
         self.max_steps = max_steps
         # Reward -invalid_penalty for a command the game rejects: a shaped signal against
         # malformed commands (off by default: AgentGym's reward is the env's own).
         self.invalid_penalty = float(invalid_penalty)
+        # Reward +subgoal_reward the first time a step crafts a node of the goal's recipe tree:
+        # denser credit on deep goals (a shaped signal, off by default).
+        self.subgoal_reward = float(subgoal_reward)
+        self._reached: set[str] = set()  # recipe-tree nodes crafted this episode
+        self._paid = 0  # subgoal rewards paid this episode
         self._catalog = _catalog()
         self._tasks = {split: task_list(split, depths) for split in ("train", "eval")}
         self._game: TextCraft = copy.copy(self._catalog.game)
@@ -233,6 +287,7 @@ class TextCraftEnv:
         self._game.goal = self._task.goal
         self._steps = 0
         self._done = self._success = self._truncated = False
+        self._reached, self._paid = set(), 0
         # Distractors and their order follow the goal and the seed (the same in every process):
         # a training goal under a seed never trained on is a new instance of it.
         rng = random.Random(f"{self._task.goal}|{0 if seed is None else int(seed)}")
@@ -252,7 +307,7 @@ class TextCraftEnv:
         if reply is None or not reply.startswith(_OK_PREFIXES):
             text = reply or f"Could not execute: {command[:100]!r}"
             return self._result(f"Invalid action. {text}", invalid=True)
-        return self._result(reply, invalid=False)
+        return self._result(reply, invalid=False, bonus=self._shaping(reply))
 
     def oracle_action(self) -> str:
         """The recipe-tree solver's next `get` or `craft` from the current inventory."""
@@ -311,20 +366,39 @@ class TextCraftEnv:
             self._done = self._success = True
         return str(reply)
 
-    def _result(self, text: str, *, invalid: bool) -> StepResult:
+    def _shaping(self, reply: str) -> float:
+        """`subgoal_reward` if this reply crafted a recipe-tree node not crafted before (and
+        the episode's payments are under the cap, see `_Subgoals`), else 0."""
+        crafted = _CRAFTED_RE.match(reply)
+        if not self.subgoal_reward or self._success or crafted is None:
+            return 0.0
+        subgoals = _subgoals(self.task.goal)
+        nodes = subgoals.nodes.get(crafted.group(1), frozenset())
+        new = nodes - self._reached
+        self._reached |= nodes
+        if not new or self._paid >= subgoals.cap:
+            return 0.0
+        self._paid += 1
+        return self.subgoal_reward
+
+    def _result(self, text: str, *, invalid: bool, bonus: float = 0.0) -> StepResult:
         if not self._done and self.max_steps is not None and self._steps >= self.max_steps:
             self._done = self._truncated = True
         if invalid:
             reward = -self.invalid_penalty if self.invalid_penalty else 0.0
         else:
-            reward = 1.0 if self._success else 0.0
+            reward = (1.0 if self._success else 0.0) + bonus
         return StepResult(
             text, reward, self._success, self._truncated, self._info(invalid=invalid)
         )
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
+        """The step's info. `state_key` (GiGPO's anchor state, actors/rollout.state_key) is the
+        inventory: replies like "Got 1 oak logs" do not tell states apart, while the goal is
+        fixed per task, so what is held is the whole state (rejected commands change nothing)."""
         task = self.task
         return {
+            "state_key": _inventory_key(self._game.inventory),
             "invalid_action": invalid,
             "success": self._success,
             "goal": item_id_to_str(task.goal),

@@ -65,12 +65,14 @@ def _mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
 
 
-def without_invalid_turns(t: Trajectory) -> Trajectory:
-    """`t` with the tokens of the turns whose action the env rejected (info["invalid_turns"])
-    taken out of the loss (`learner.mask_invalid_turns`): a success should not also reinforce
-    the malformed commands it made on the way. Unchanged when nothing was invalid or the turns
-    cannot be located."""
+def without_invalid_turns(t: Trajectory, turns: Sequence[int] | None = None) -> Trajectory:
+    """`t` with the tokens of the turns whose action the env rejected (info["invalid_turns"];
+    only those also in `turns` when given) taken out of the loss (`learner.mask_invalid_turns`):
+    a success should not also reinforce the malformed commands it made on the way. Unchanged
+    when nothing was invalid or the turns cannot be located."""
     bad = t.info.get("invalid_turns") or []
+    if turns is not None:
+        bad = [k for k in bad if k in set(turns)]
     ranges = model_turn_ranges(t) if bad else None
     if not ranges:
         return t
@@ -82,10 +84,22 @@ def without_invalid_turns(t: Trajectory) -> Trajectory:
     return replace(t, response_mask=tuple(mask))
 
 
-def pad_batch(trajs: Sequence[Trajectory], advantages: Sequence[float], *,
+def positive_turns_only(t: Trajectory, advantage: float | np.ndarray,
+                        turn_advantages: np.ndarray | None) -> Trajectory:
+    """`learner.mask_invalid_turns` for one kept episode: its rejected turns leave the loss
+    where their advantage is positive (every turn of an episode with a positive episode-level
+    advantage; with per-turn advantages, the turns whose own advantage is positive)."""
+    if turn_advantages is None:
+        return without_invalid_turns(t) if float(np.max(advantage)) > 0 else t
+    return without_invalid_turns(t, [k for k, a in enumerate(turn_advantages) if a > 0])
+
+
+def pad_batch(trajs: Sequence[Trajectory], advantages: Sequence[float | np.ndarray], *,
               pad_id: int) -> dict[str, np.ndarray]:
     """Right-padded `[B, T]` arrays over prompt + response.
 
+    `advantages[b]`: one value for every response token of episode b, or an array with one
+    per response token (turn-level estimators, learner.credit).
     `loss_mask` is 1 exactly on the model's own tokens (response_mask 1), so observation and
     template tokens never carry gradient; `old_logprobs` holds the behaviour logprobs there.
     """
@@ -144,6 +158,9 @@ def turn_rows(trajs: Sequence[Trajectory], batch: dict[str, np.ndarray], *,
         n = max(float(episode_tokens[b]), 1.0)
         scale[r], share[r] = 1.0 / n, out["loss_mask"][r].sum() / n
     out["row_scale"], out["row_share"] = scale, share
+    # Which episode and turn each row is: PPO's GAE runs across an episode's turn rows.
+    out["episode"] = np.array([b for b, *_ in spans], dtype=np.int64)
+    out["turn"] = np.concatenate([np.arange(len(t.turn_spans) or 1) for t in trajs])
     return out
 
 

@@ -54,11 +54,14 @@ class LearnerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: Literal["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"] = Field(
-        "grpo", description="grpo: group-normalised outcome advantage; rloo: leave-one-out "
-        "baseline; reinforce_pp: batch-normalised discounted returns (REINFORCE++); ppo: a "
-        "critic and GAE over the multi-turn sequence (env tokens skipped); "
-        "rejection_sampling: SFT on each batch's successful episodes."
+    algorithm: str = Field(
+        "grpo", description="The advantage estimator (learner.credit; docs/credit.md). "
+        "grpo: group-normalised outcome advantage; rloo: leave-one-out baseline; "
+        "reinforce_pp: batch-normalised discounted returns (REINFORCE++); ppo: a critic and "
+        "GAE over the multi-turn sequence (env tokens skipped); rejection_sampling: SFT on "
+        "each batch's successful episodes; gigpo: GRPO's episode level plus step-level "
+        "advantages of turns taken in the same state (GiGPO); turn_rloo: each turn's "
+        "discounted return minus the group's leave-one-out mean return."
     )
     decoupled_loss: bool | None = Field(
         None, description="Off-policy correction (decoupled PPO): clip against the learner's "
@@ -75,6 +78,14 @@ class LearnerConfig(BaseModel):
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount per model token (REINFORCE++, "
                          "PPO); env tokens cost no discount step.")
+    turn_gamma: float = Field(
+        0.95, ge=0, le=1, description="gigpo, turn_rloo, and ppo in window context mode: "
+        "discount per turn of the turn-level "
+        "returns G_k = r_k + turn_gamma * G_(k+1) (GiGPO: 0.95); 1 makes every turn of an "
+        "episode with one final reward return the same.")
+    step_adv_weight: float = Field(
+        1.0, ge=0, description="gigpo: weight of the step-level (anchor-state) advantage "
+        "added to the episode-level one; 0 is GRPO.")
     lam: float = Field(1.0, ge=0, le=1, description="PPO: GAE lambda.")
     critic_lr: float = Field(1e-3, gt=0, description="PPO: critic learning rate (AdamW).")
     value_clip: float = Field(0.2, gt=0, description="PPO: clip of the value update around "
@@ -172,6 +183,16 @@ class LearnerConfig(BaseModel):
         64.0, gt=0, description="Broadcast: most MiB per bucket (one flat broadcast each; "
         "bounds the extra memory on both sides); a larger tensor is sent alone.")
     ingest: IngestConfig = Field(default_factory=IngestConfig, description="Trajectory ingest.")
+
+    def model_post_init(self, _context: object) -> None:
+        # The registry, not a Literal: a new estimator is one module and its registration.
+        _check_algorithm(self)
+
+
+def _check_algorithm(cfg: LearnerConfig) -> None:
+    from horizonrl.learner.credit import estimator_class
+
+    estimator_class(cfg.algorithm)  # ValueError naming the registered ones
 
 
 def rank_bundle(cfg: LearnerConfig) -> dict[str, float]:

@@ -6,21 +6,29 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
-from horizonrl.learner import algorithms as alg
 from horizonrl.learner.batch import (
-    group_index,
     pad_batch,
+    positive_turns_only,
     shard_episodes,
     split_rows,
     turn_rows,
-    valid_mask,
-    without_invalid_turns,
 )
 from horizonrl.learner.config import LearnerConfig, rank_bundle
+from horizonrl.learner.credit import Estimator, groups_with_signal, make_estimator
 from horizonrl.learner.worker import LearnerWorker
 from horizonrl.protos.trajectory import Trajectory
+
+__all__ = ["LearnerGroup", "PlacementTimeout", "advantage_stats", "groups_with_signal"]
+
+
+def advantage_stats(advantages: np.ndarray, loss_mask: np.ndarray) -> dict[str, float]:
+    """The trained tokens' advantages: mean, |mean| (as before) and the episode-level view."""
+    a = advantages[loss_mask > 0]
+    if a.size == 0:
+        return {}
+    return {"adv_mean": float(a.mean()), "adv_abs_mean": float(np.abs(a).mean()),
+            "adv_std": float(a.std())}
 
 
 class PlacementTimeout(RuntimeError):
@@ -42,15 +50,6 @@ def placement_group_or_explain(bundles: list[dict[str, float]], *, what: str,
         raise PlacementTimeout(f"could not place {what}: asked for {bundles}, cluster has "
                            f"{ray.available_resources()} free") from None
     return pg
-
-
-def groups_with_signal(trajs: Sequence[Trajectory]) -> list[str]:
-    """Group ids whose valid episodes do not all have the same reward, in order."""
-    rewards: dict[str, set[float]] = {}
-    for t, ok in zip(trajs, valid_mask(trajs)):
-        if ok:
-            rewards.setdefault(t.group_id, set()).add(round(float(t.reward), 9))
-    return [g for g, r in rewards.items() if len(r) > 1]
 
 
 def agreed_precision(per_rank: Sequence[str]) -> str:
@@ -90,63 +89,18 @@ class LearnerGroup:
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
         ray.get([w.setup.remote(addr, port) for w in self.workers])
 
-    def advantages(self, trajs: Sequence[Trajectory]) -> np.ndarray:
-        """Per-episode advantages for the outcome-level algorithms (GRPO, RLOO); zeros for
-        the token-level ones, whose advantages are computed on the padded batch."""
-        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-        groups = torch.from_numpy(group_index(trajs))
-        valid = torch.from_numpy(valid_mask(trajs))
-        if self.cfg.algorithm == "grpo":
-            adv = alg.grpo_advantages(rewards, groups, valid, norm_by_std=self.cfg.norm_adv_by_std)
-        elif self.cfg.algorithm == "rloo":
-            adv = alg.rloo_advantages(rewards, groups, valid)
-        else:
-            adv = torch.zeros_like(rewards)
-        return adv.numpy()
-
-    def select(self, trajs: Sequence[Trajectory]) -> list[int]:
-        """Indices to train on: valid episodes, without zero-variance groups when skipping is
-        on and the algorithm's advantage of such a group is 0 (GRPO, RLOO, REINFORCE++ with
-        the group baseline); PPO and plain REINFORCE++ still learn from them."""
-        valid = valid_mask(trajs)
-        a = self.cfg.algorithm
-        outcome_only = a in ("grpo", "rloo") or (a == "reinforce_pp" and
-                                                 self.cfg.reinforce_pp_baseline)
-        if not (self.cfg.skip_zero_variance_groups and outcome_only):
-            return [i for i in range(len(trajs)) if valid[i]]
-        keep = set(groups_with_signal(trajs))
-        return [i for i in range(len(trajs)) if valid[i] and trajs[i].group_id in keep]
+    @property
+    def estimator(self) -> Estimator:
+        """The advantage estimator `learner.algorithm` names (learner.credit): it owns the
+        advantages, which episodes an update keeps and what the ledger records of the rest."""
+        return make_estimator(self.cfg)
 
     def fates(self, trajs: Sequence[Trajectory]) -> dict[str, list[int]]:
         """What `train(trajs)` does with each episode: "trained", or the reason it is not
-        ("env_error", "timeout", "generator_lost" for infrastructure failures, "zero_variance",
-        "not_selected", "update_skipped"). Indices into `trajs`; for the run's ledger."""
-        out: dict[str, list[int]] = {}
-        valid = valid_mask(trajs)
-        for i, t in enumerate(trajs):
-            if not valid[i]:
-                reason = "generator_lost" if t.failure.value == "generator_error" else \
-                    "overlong" if t.failure.value == "none" else t.failure.value
-                out.setdefault(reason, []).append(i)
-        chosen, need = self._chosen(trajs)
-        keep = set(chosen)
-        skipped = len(chosen) < need
-        rest = [i for i in range(len(trajs)) if valid[i] and i not in keep]
-        if rest:
-            out["not_selected" if self.cfg.algorithm == "rejection_sampling"
-                else "zero_variance"] = rest
-        if chosen:
-            out["update_skipped" if skipped else "trained"] = chosen
-        return out
-
-    def _chosen(self, trajs: Sequence[Trajectory]) -> tuple[list[int], int]:
-        """The episodes `train` learns from (indices) and the fewest episodes an update needs,
-        whatever their turn rows: minibatches are made of episodes (`shard_episodes`)."""
-        if self.cfg.algorithm == "rejection_sampling":
-            from horizonrl.learner.auxiliary import rejection_sampling_indices
-
-            return rejection_sampling_indices(trajs), self.cfg.world_size
-        return self.select(trajs), self.cfg.world_size * self.cfg.minibatches
+        ("env_error", "timeout", "generator_lost" for infrastructure failures, "overlong",
+        "zero_variance", "not_selected", "update_skipped"). Indices into `trajs`; for the run's
+        ledger."""
+        return self.estimator.fates(trajs)
 
     def train(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
         """One policy update on whole groups; an update with too few episodes is skipped."""
@@ -154,24 +108,24 @@ class LearnerGroup:
 
         if self.cfg.algorithm == "rejection_sampling":
             return self._rejection_sampling(trajs)
-        adv = self.advantages(trajs)
-        idx, need = self._chosen(trajs)
-        kept = [trajs[i] for i in idx]
+        est = self.estimator
+        credit = est.assign(trajs)
+        kept = [trajs[i] for i in credit.keep]
         if self.cfg.mask_invalid_turns:  # positive updates skip the rejected commands
-            kept = [without_invalid_turns(t) if adv[i] > 0 else t for t, i in zip(kept, idx)]
+            kept = [positive_turns_only(t, a, ta)
+                    for t, a, ta in zip(kept, credit.advantages, credit.turn_advantages)]
         rows = sum(t.rows for t in kept)  # one per episode, or per turn in window mode
         stats = {"groups_kept": float(len({t.group_id for t in kept})),
                  "episodes_trained": float(len(kept)), "rows_trained": float(rows),
-                 "skipped_update": 0.0}
-        if len(kept) < need:
+                 "skipped_update": 0.0, **credit.stats}
+        if len(kept) < est.min_episodes():
             stats["skipped_update"] = 1.0
             return stats
-        batch = pad_batch(kept, adv[idx], pad_id=self.pad_id)
-        if self.cfg.algorithm == "reinforce_pp":
-            batch["advantages"] = alg.reinforce_pp_advantages(
-                torch.from_numpy(batch["token_rewards"]), torch.from_numpy(batch["loss_mask"]),
-                gamma=self.cfg.gamma, baseline="group" if self.cfg.reinforce_pp_baseline else None,
-                groups=torch.from_numpy(group_index(kept))).numpy()
+        batch = pad_batch(kept, credit.advantages, pad_id=self.pad_id)
+        token_level = est.token_advantages(kept, batch)
+        if token_level is not None:
+            batch["advantages"] = token_level
+        stats.update(advantage_stats(batch["advantages"], batch["loss_mask"]))
         if any(t.turn_spans for t in kept):
             # Advantages above are per episode (or per token of the whole episode); each
             # turn's row takes its tokens' share of them.
@@ -183,9 +137,6 @@ class LearnerGroup:
         results = ray.get([w.train.remote(s) for w, s in zip(self.workers, shards)])
         for k in results[0]:
             stats[k] = float(np.mean([r[k] for r in results]))
-        mask = batch["loss_mask"] > 0
-        stats["adv_abs_mean"] = float(np.abs(batch["advantages"][mask]).mean())
-        stats["adv_mean"] = float(batch["advantages"][mask].mean())
         return stats
 
     def _rejection_sampling(self, trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -196,7 +147,7 @@ class LearnerGroup:
         examples = rejection_sampling_examples(
             trajs, mask_invalid_turns=self.cfg.mask_invalid_turns)
         stats = {"rows_trained": float(len(examples)), "skipped_update": 0.0}
-        if len(examples) < self._chosen(trajs)[1]:
+        if len(examples) < self.estimator.min_episodes():
             return {**stats, "skipped_update": 1.0}
         sft = self.train_sft(examples)
         return {**stats, **sft, "loss": sft["sft_loss"]}

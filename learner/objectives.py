@@ -84,3 +84,26 @@ def importance_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: 
     """Truncated importance weights min(exp(prox - behaviour), cap) on model tokens (0
     elsewhere)."""
     return torch.clamp(torch.exp(prox_logprobs - behaviour_logprobs) * mask, max=cap)
+
+
+def turn_gae_targets(rewards: Tensor, values: Tensor, mask: Tensor, episode: Tensor,
+                     turn: Tensor, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """PPO across the turn rows of window-mode episodes (learner.batch.turn_rows): a row's
+    reward is the sum of its tokens', its value the critic's at its first model token (the
+    state the turn was taken in, with the window the turn saw); GAE runs over each episode's
+    turns in order (credit.anchors.turn_gae) and every model token of a row gets its turn's
+    advantage and return. Returns (advantages, returns), `[rows, T]`, 0 off the mask."""
+    from horizonrl.learner.credit.anchors import turn_gae
+
+    first = mask.float().argmax(-1)
+    v = values.gather(1, first[:, None]).squeeze(1).double().cpu().numpy()
+    r = (rewards * mask).sum(-1).double().cpu().numpy()
+    ep, k = episode.cpu().numpy(), turn.cpu().numpy()
+    adv = torch.zeros(len(v), dtype=torch.float64)
+    ret = torch.zeros(len(v), dtype=torch.float64)
+    for e in set(ep.tolist()):
+        rows = [i for i in sorted(range(len(ep)), key=lambda i: k[i]) if ep[i] == e]
+        a, g = turn_gae(r[rows], v[rows], gamma=gamma, lam=lam)
+        adv[rows], ret[rows] = torch.from_numpy(a), torch.from_numpy(g)
+    m = mask.float()
+    return adv.float().to(m.device)[:, None] * m, ret.float().to(m.device)[:, None] * m

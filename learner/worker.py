@@ -32,6 +32,7 @@ from horizonrl.learner.engine_setup import (
 from horizonrl.learner.objectives import (
     importance_weights,
     policy_objective,
+    turn_gae_targets,
     value_objective,
     whiten,
 )
@@ -122,7 +123,9 @@ class LearnerWorker:
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=deepspeed_config(cfg, micro_batch=1, lr=cfg.lr), lr_scheduler=self._schedule)
         self.critic = None
-        if cfg.algorithm == "ppo":  # the critic is its own engine: own optimizer, own lr
+        from horizonrl.learner.credit import estimator_class
+
+        if estimator_class(cfg.algorithm).needs_critic:  # its own engine, optimizer and lr
             from horizonrl.learner.critic import ValueModel
 
             value_model = ValueModel(self.ref_model_path or self.model_path)
@@ -193,7 +196,7 @@ class LearnerWorker:
         # DeepSpeed averages the ranks' gradients, hence x world_size.
         scale = self.world_size / max(float(mb["step_units"][0]), 1e-9)
         local = float(mb["loss_units"].sum())  # the metrics stay this rank's means
-        train_policy = self.cfg.algorithm != "ppo" or self.updates >= self.cfg.critic_warmup_steps
+        train_policy = self.critic is None or self.updates >= self.cfg.critic_warmup_steps
         stats: dict[str, float] = {}
         for i, micro in enumerate(micros):
             last = i == len(micros) - 1
@@ -309,8 +312,12 @@ class LearnerWorker:
                                           t["input_ids"])
             kl = alg.kl_penalty(t["old_logprobs"], ref_logp, "k1")
             rewards = rewards - self.cfg.kl_coef * kl * mask
-        adv, returns = alg.gae_advantages(rewards, old_values, mask, gamma=self.cfg.gamma,
-                                          lam=self.cfg.lam)
+        if "turn" in t:  # window rows: one value per turn, GAE across the episode's rows
+            adv, returns = turn_gae_targets(rewards, old_values, mask, t["episode"], t["turn"],
+                                            gamma=self.cfg.turn_gamma, lam=self.cfg.lam)
+        else:
+            adv, returns = alg.gae_advantages(rewards, old_values, mask, gamma=self.cfg.gamma,
+                                              lam=self.cfg.lam)
         sums = torch.stack([(adv * mask).sum(), (adv.square() * mask).sum(), mask.sum()])
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(sums)

@@ -271,8 +271,12 @@ class DeepSearchEnv:
         return self._result(obs, invalid=True)
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
+        """The step's info. `state_key` (GiGPO's anchor state, actors/rollout.state_key) is the
+        last search's results (the question before any) without the "(n turns left)" counter,
+        which would split equal results by turn; an invalid action keeps the key."""
         question = self.question
         return {
+            "state_key": self._last_obs or f"Question: {question.text}",
             "invalid_action": invalid,
             "success": self._success,
             "f1": self._f1,

@@ -210,6 +210,45 @@ def test_ppo_critic_value_loss_falls(ray_local, batches, tiny_model_path, tokeni
     assert losses[-1] < 0.5 * losses[0]
 
 
+def _windowed(trajs: list[Trajectory]) -> list[Trajectory]:
+    """Each turn a window-mode row over the whole history, with state keys that repeat across
+    the episodes of a group (two alternating states after the opening one)."""
+    from dataclasses import replace
+
+    from horizonrl.learner.batch import model_turn_ranges
+
+    out = []
+    for i, t in enumerate(trajs):
+        runs = model_turn_ranges(t)
+        keys = ["open"] + [f"s{(k + i) % 2}" for k in range(1, len(runs))]
+        out.append(replace(t, turn_spans=tuple((0, s, e) for s, e in runs),
+                           info={**t.info, "state_keys": keys}))
+    return out
+
+
+def test_turn_level_credit_on_window_rows_on_real_ranks(ray_local, batches, tiny_model_path,
+                                                        tokenizer):
+    """PPO with one value per turn (GAE across an episode's turn rows) fits its critic, and
+    GiGPO trains the same rows with anchor groups, on 2 DeepSpeed ranks."""
+    trajs = _windowed(batches[0])
+    group = _group(learner_cfg(algorithm="ppo", critic_lr=3e-3, lr=1e-4, kl_coef=0.0),
+                   tiny_model_path, tokenizer)
+    try:
+        losses = [group.train(trajs)["value_loss"] for _ in range(12)]
+    finally:
+        group.shutdown()
+    print(f"\nwindow PPO value loss on a fixed batch: {[round(x, 4) for x in losses]}")
+    assert losses[-1] < 0.5 * losses[0]
+    group = _group(learner_cfg(algorithm="gigpo"), tiny_model_path, tokenizer)
+    try:
+        stats = group.train(trajs)
+    finally:
+        group.shutdown()
+    assert stats["skipped_update"] == 0.0 and math.isfinite(stats["loss"])
+    assert stats["rows_trained"] == sum(t.rows for t in trajs) > len(trajs)
+    assert stats["anchor_groups"] >= 1 and 0 < stats["step_adv_nonzero_share"] <= 1
+
+
 @pytest.mark.slow  # bench/algorithms.py trains each from the CLI; unit tests check the math
 @pytest.mark.parametrize("algorithm", ["rloo", "reinforce_pp"])
 def test_other_algorithms_update(ray_local, batches, tiny_model_path, tokenizer, algorithm):
@@ -234,7 +273,7 @@ def test_invalid_turns_leave_positive_updates_only(ray_local, batches, tiny_mode
     trajs = [replace(t, info={"invalid_turns": [0]}) for t in batches[0]]
     group = _group(learner_cfg(mask_invalid_turns=True), tiny_model_path, tokenizer)
     try:
-        adv = group.advantages(trajs)
+        adv = group.estimator.episode_advantages(trajs)
         stats = group.train(trajs)
     finally:
         group.shutdown()

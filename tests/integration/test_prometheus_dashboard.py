@@ -18,12 +18,15 @@ from horizonrl.cluster.config import load_config
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy/grafana/horizonrl.json"
+# Series only step-level estimators (GiGPO's anchor-state groups) set; the GRPO run below has
+# none, and an absent figure makes no series (cluster/prometheus.py), so no data is right.
+STEP_LEVEL_ONLY = ("horizonrl_learner_anchor_", "horizonrl_learner_step_adv_")
 
 
 def dashboard_queries() -> list[str]:
     """Panel expressions with Grafana's variables as a user's 'All' selection resolves them."""
     dash = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]  # rows: none
     exprs += [v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
     out = []
     for e in exprs:
@@ -74,7 +77,8 @@ def test_every_dashboard_query_returns_data(tmp_path, free_port):
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            missing = dashboard_queries()
+            missing = [e for e in dashboard_queries()
+                       if not any(name in e for name in STEP_LEVEL_ONLY)]
             for _ in range(cfg.iterations):  # bounded: at most 8 steps, then 30 s of scrapes
                 trainer.step()
                 time.sleep(1.5)

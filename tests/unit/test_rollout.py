@@ -93,3 +93,37 @@ def test_invalid_turns_are_recorded_and_can_leave_the_loss(tokenizer, scripted_e
     assert changed == list(range(start, start + len(turns[1])))  # exactly turn 2's tokens
     assert masked.response_ids == traj.response_ids
     assert without_invalid_turns(masked) == masked
+
+
+def test_state_keys_follow_the_states_each_turn_was_taken_in(tokenizer, scripted_engine):
+    """Turn k's key is the state before its action: the env's own `state_key` where it has one,
+    else the observation; equal states in two episodes give equal keys (GiGPO's anchors)."""
+    from horizonrl.actors.rollout import state_key
+
+    chat = ChatFormat(tokenizer)
+    end = chat.im_end_id
+    replies = [chat.encode(a) + [end] for a in ("turn left", "turn right", "turn left")]
+
+    def play() -> tuple[list[str], list[str]]:
+        engine = scripted_engine([(r, [-0.1] * len(r)) for r in replies])
+        env = BabyAITextEnv(level="BabyAI-GoToRedBall-v0")
+        loop = AgentLoop(chat=chat, system_prompt=SYSTEM_PROMPT, parse_action=parse_action,
+                         horizon=3, max_context_tokens=4096, max_tokens_per_turn=8)
+        run_episode(loop, engine, env, seed=7)
+        env2 = BabyAITextEnv(level="BabyAI-GoToRedBall-v0")
+        obs, info = env2.reset(seed=7)
+        seen = [state_key(obs, info)]
+        for action in ("turn left", "turn right"):
+            step = env2.step(action)
+            seen.append(state_key(step.observation, step.info))
+        traj = loop.to_trajectory(trajectory_id="t", group_id="g", task_id="babyai-7",
+                                  env_name="babyai", policy_version=0)
+        return traj.info["state_keys"], seen
+
+    keys, seen = play()
+    assert keys == seen and len(keys) == 3
+    assert keys[0] == keys[2] != keys[1]  # left then right: back in the opening state
+    assert play()[0] == keys
+    assert state_key("A  b\nC", None) == state_key("a b c", {}) != state_key("a b d", None)
+    assert state_key("whatever", {"state_key": "inv: 1 stick"}) == \
+        state_key("other text", {"state_key": "inv: 1 stick"})

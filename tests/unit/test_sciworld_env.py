@@ -25,7 +25,8 @@ from horizonrl.envpool.sciworld import (
     random_action,
 )
 
-INFO_KEYS = {"invalid_action", "success", "score", "failed", "task", "variation", "steps"}
+INFO_KEYS = {"invalid_action", "success", "score", "failed", "task", "variation", "steps",
+             "state_key"}
 HALLWAY_SEED = 0  # variation 0 of every default task starts in the hallway, six doors in view
 EVAL_SEEDS = range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 12)  # two test variations of each task
 

@@ -161,8 +161,10 @@ def test_overlong_modes(tokenizer, scripted_engine):
 def test_window_rejects_the_learners_that_need_whole_episodes():
     from horizonrl.cluster.config import ConfigError, load_config
 
-    for algo in ("ppo", "rejection_sampling"):
-        with pytest.raises(ConfigError, match=rf"context.mode=window .*learner.algorithm={algo}"):
-            load_config(None, ["generator.context.mode=window",
-                               f"learner.algorithm={algo}"])
+    with pytest.raises(ConfigError, match=r"context.mode=window .*algorithm=rejection_sampling"):
+        load_config(None, ["generator.context.mode=window", "learner.algorithm=rejection_sampling"])
+    # PPO trains window rows with one value per turn (learner.objectives.turn_gae_targets).
+    for algo in ("ppo", "gigpo", "turn_rloo"):
+        assert load_config(None, ["generator.context.mode=window",
+                                  f"learner.algorithm={algo}"]).learner.algorithm == algo
     assert load_config(None, ["generator.context.mode=window"]).generator.context.keep_turns == 4

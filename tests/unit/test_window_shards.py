@@ -115,7 +115,10 @@ def _train(monkeypatch, trajs, cfg, engines, advantages=None) -> tuple[list[np.n
         workers.append(_InProcess(w))
     group.workers = workers
     if advantages is not None:
-        group.advantages = lambda _trajs: np.asarray(advantages, dtype=np.float32)
+        from horizonrl.learner.credit import outcome
+
+        monkeypatch.setattr(outcome.GRPO, "episode_advantages",
+                            lambda _self, _trajs: np.asarray(advantages, dtype=np.float32))
     stats = group.train(trajs)
     steps = [np.mean(per_rank, axis=0) for per_rank in zip(*(e.steps for e in engines))]
     return steps, stats

@@ -1,0 +1,101 @@
+"""GRPO against the turn-level estimators on one recipe: gains over behaviour cloning, seeds
+that beat it, and the training curves, from `bench/long_horizon.py`'s results of each method.
+
+    .venv/bin/python bench/credit.py --name babyai-maze --split eval \
+        --methods grpo=docs/credit/babyai-maze-grpo gigpo=docs/credit/babyai-maze-gigpo \
+        --out docs/credit/babyai-maze
+
+Every method's results come from the same clones (`bench/long_horizon.py --reuse-warm-start`)
+and the same RL budget. Per method and env label: BC and BC+RL accuracy per seed, the gain's
+mean, the seeds where RL beats BC; per method and seed, the curves of the RL phase from the
+run's metrics.jsonl (training success, task groups kept, anchor groups, share of turns with a
+non-zero step-level advantage) and its wall time. Writes OUT/compare.json and OUT/curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from horizonrl.cluster.provenance import command_line
+
+CURVES = {"success": "success_rate", "groups_kept": "learner/groups_kept",
+          "anchor_groups": "learner/anchor_groups",
+          "step_adv_nonzero_share": "learner/step_adv_nonzero_share"}
+
+
+def curves(run_dir: Path) -> dict[str, list[float | None]]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {name: [round(r[key], 4) if isinstance(r.get(key), (int, float)) else None
+                   for r in rows] for name, key in CURVES.items()}
+
+
+def method_summary(results: dict, split: str) -> dict:
+    per_seed = results["per_seed"]
+    envs = sorted(next(iter(per_seed.values()))["eval"][split]["bc"])
+    out: dict = {"envs": {}, "seeds": sorted(per_seed, key=int), "command": results["command"],
+                 "wall_seconds": [r["wall_seconds"] for r in per_seed.values()]}
+    for env in envs:
+        bc = [r["eval"][split]["bc"][env] for r in per_seed.values()]
+        rl = [r["eval"][split]["bc+rl"][env] for r in per_seed.values()]
+        gains = [b - a for a, b in zip(bc, rl)]
+        out["envs"][env] = {"bc": bc, "bc+rl": rl, "gain_mean": round(statistics.fmean(gains), 4),
+                            "rl_mean": round(statistics.fmean(rl), 4),
+                            "beats_bc_seeds": sum(g > 0 for g in gains)}
+    out["curves"] = {seed: curves(Path(r["run_dir"])) for seed, r in per_seed.items()}
+    return out
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(CURVES)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    styles = ["-", "--", ":", "-."]
+    for m, (method, s) in enumerate(summary.items()):
+        for seed, c in s["curves"].items():
+            for ax, name in zip(axes, panels):
+                pts = [(i, v) for i, v in enumerate(c[name]) if v is not None]
+                if pts:
+                    ax.plot(*zip(*pts), styles[m % len(styles)], color=f"C{int(seed)}",
+                            label=f"{method} seed {seed}", linewidth=1)
+    for ax, name in zip(axes, panels):
+        ax.set(title=name, xlabel="RL step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--name", required=True, help="the recipe's name in the output")
+    p.add_argument("--methods", nargs="+", required=True, metavar="NAME=DIR",
+                   help="each method's bench/long_horizon.py --out folder")
+    p.add_argument("--split", default="eval", choices=["eval", "train-new"])
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for item in args.methods:
+        name, folder = item.split("=", 1)
+        results = json.loads((Path(folder) / "results.json").read_text())
+        summary[name] = method_summary(results, args.split)
+    for name, s in summary.items():
+        for env, e in s["envs"].items():
+            print(f"[credit] {args.name} {name} {env}: BC {statistics.fmean(e['bc']):.3f} -> "
+                  f"{e['rl_mean']:.3f} (gain {e['gain_mean']:+.3f}, beats BC on "
+                  f"{e['beats_bc_seeds']}/{len(e['bc'])} seeds)")
+    (out / "compare.json").write_text(json.dumps(
+        {"command": command_line(), "name": args.name, "split": args.split,
+         "methods": summary}, indent=1))
+    plot(summary, out / "curves.png")
+
+
+if __name__ == "__main__":
+    main()
