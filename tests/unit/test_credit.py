@@ -214,3 +214,33 @@ def test_ppo_window_rows_get_one_value_and_advantage_per_turn():
     np.testing.assert_allclose(per_row, [0.5, 0.75, 0.5, 0.25])
     assert float(ret[0][mask[0] > 0].mean()) == pytest.approx(1.0)
     assert float((adv * (1 - mask)).abs().sum()) == 0.0
+
+
+def test_default_estimator_is_the_grpo_it_replaced():
+    """The default (`grpo`) keeps exactly the valid episodes of groups whose rewards differ and
+    gives them `algorithms.grpo_advantages`; its fates are what the ledger recorded before."""
+    import random
+
+    import torch
+
+    from horizonrl.learner import algorithms as alg
+    from horizonrl.learner.batch import group_index, valid_mask
+    from horizonrl.learner.credit import groups_with_signal
+
+    rng = random.Random(3)
+    trajs = [_episode(f"e{i}", f"g{i // 4}",
+                      [0.0] * rng.randint(0, 3) + [float(rng.random() < 0.4)], [],
+                      failure=Failure.TIMEOUT if rng.random() < 0.1 else Failure.NONE)
+             for i in range(40)]
+    credit = make_estimator(_cfg("grpo")).assign(trajs)
+    valid = valid_mask(trajs)
+    signal = set(groups_with_signal(trajs))
+    want_keep = [i for i, t in enumerate(trajs) if valid[i] and t.group_id in signal]
+    want = alg.grpo_advantages(torch.tensor([t.reward for t in trajs]),
+                               torch.from_numpy(group_index(trajs)), torch.from_numpy(valid))
+    assert credit.keep == want_keep and len(want_keep) > 0
+    np.testing.assert_allclose(credit.advantages, want.numpy()[want_keep], rtol=0, atol=1e-7)
+    fates = make_estimator(_cfg("grpo")).fates(trajs)
+    assert fates["trained"] == want_keep
+    assert sorted(fates["timeout"] + fates.get("zero_variance", []) + want_keep) == \
+        list(range(40))
