@@ -34,7 +34,7 @@ from horizonrl.cluster.iteration import (
     sample_tasks,
     split_evenly,
 )
-from horizonrl.learner.group import groups_with_signal
+from horizonrl.learner.credit import make_estimator
 from horizonrl.learner.weights import SyncStats
 from horizonrl.protos.reports import RolloutReport, all_ids
 from horizonrl.protos.trajectory import Trajectory
@@ -102,11 +102,15 @@ class SyncPhase:
         return outs
 
     def _fill_with_signal(self, g: Gathered, step: int) -> None:
-        """Dynamic sampling (DAPO): roll out fresh tasks until tasks_per_step groups have
-        reward variance or max_sampling_rounds is reached; keep the first tasks_per_step such
-        groups, the rest is dropped as not_selected. Updates `g` in place."""
+        """Dynamic sampling (DAPO): roll out fresh tasks until tasks_per_step groups have a
+        learning signal (the estimator's `signal_groups`) or max_sampling_rounds is reached;
+        keep the first tasks_per_step such groups, the rest is dropped as not_selected.
+        Updates `g` in place."""
         cfg = self.t.cfg
         want = cfg.generator.tasks_per_step
+        # The estimator's notion of signal: reward variance, or for turn-level estimators
+        # any non-zero turn advantage.
+        groups_with_signal = make_estimator(cfg.learner).signal_groups
         rounds = 1
         while (len(groups_with_signal(g.trajs)) < want
                and rounds < cfg.learner.max_sampling_rounds):

@@ -63,6 +63,11 @@ class Estimator:
         returns); None: `assign`'s stand."""
         return None
 
+    def signal_groups(self, trajs: Sequence[Trajectory]) -> list[str]:
+        """Task groups with something to learn from, in order (dynamic sampling fills a step
+        with them): by default those whose valid episodes' rewards differ."""
+        return groups_with_signal(trajs)
+
     def fates(self, trajs: Sequence[Trajectory]) -> dict[str, list[int]]:
         """What an update does with each episode, for the run's ledger: "trained", or why not
         ("env_error", "timeout", "generator_lost", "overlong", `not_kept`, "update_skipped").

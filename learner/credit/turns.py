@@ -60,6 +60,13 @@ class _TurnLevel(Estimator):
                     stats: dict[str, float]) -> list[np.ndarray]:
         raise NotImplementedError
 
+    def signal_groups(self, trajs: Sequence[Trajectory]) -> list[str]:
+        """Groups where some turn's advantage is not 0: a group of successes whose paths
+        differ counts, though its rewards are equal."""
+        flat = self.cfg.model_copy(update={"skip_zero_variance_groups": True})
+        keep = type(self)(flat).assign(trajs).keep
+        return list(dict.fromkeys(trajs[i].group_id for i in keep))
+
     def assign(self, trajs: Sequence[Trajectory]) -> Credit:
         valid = valid_mask(trajs)
         idx = [i for i in range(len(trajs)) if valid[i]]

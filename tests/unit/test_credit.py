@@ -244,3 +244,15 @@ def test_default_estimator_is_the_grpo_it_replaced():
     assert fates["trained"] == want_keep
     assert sorted(fates["timeout"] + fates.get("zero_variance", []) + want_keep) == \
         list(range(40))
+
+
+def test_dynamic_sampling_counts_the_estimators_signal():
+    """A group of two successes whose paths differ has no reward variance but has GiGPO
+    signal; a flat failing group has neither."""
+    trajs = [_episode("a", "g", [0, 1], ["s0", "s1"]),
+             _episode("b", "g", [0, 0, 0, 1], ["s0", "s9", "s1", "s8"]),
+             _episode("c", "h", [0, 0], ["s0", "s1"]), _episode("d", "h", [0, 0], ["s0", "s1"])]
+    assert make_estimator(_cfg("grpo")).signal_groups(trajs) == []
+    for skip in (True, False):
+        cfg = _cfg("gigpo", skip_zero_variance_groups=skip)
+        assert make_estimator(cfg).signal_groups(trajs) == ["g"]
