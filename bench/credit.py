@@ -56,14 +56,14 @@ def plot(summary: dict, path: Path) -> None:
 
     panels = list(CURVES)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
-    styles = ["-", "--", ":", "-."]
+    styles = ["-", "--", ":", "-.", (0, (1, 4))]
     for m, (method, s) in enumerate(summary.items()):
         for seed, c in s["curves"].items():
             for ax, name in zip(axes, panels):
                 pts = [(i, v) for i, v in enumerate(c[name]) if v is not None]
                 if pts:
-                    ax.plot(*zip(*pts), styles[m % len(styles)], color=f"C{int(seed)}",
-                            label=f"{method} seed {seed}", linewidth=1)
+                    ax.plot(*zip(*pts), linestyle=styles[m % len(styles)],
+                            color=f"C{int(seed)}", label=f"{method} seed {seed}", linewidth=1)
     for ax, name in zip(axes, panels):
         ax.set(title=name, xlabel="RL step")
     axes[0].legend(fontsize=7)
@@ -74,8 +74,9 @@ def plot(summary: dict, path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--name", required=True, help="the recipe's name in the output")
-    p.add_argument("--methods", nargs="+", required=True, metavar="NAME=DIR",
-                   help="each method's bench/long_horizon.py --out folder")
+    p.add_argument("--methods", nargs="+", required=True, metavar="NAME=DIR[,DIR]",
+                   help="each method's bench/long_horizon.py --out folder(s); seeds run by "
+                   "separate invocations of one method are merged")
     p.add_argument("--split", default="eval", choices=["eval", "train-new"])
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -83,9 +84,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary = {}
     for item in args.methods:
-        name, folder = item.split("=", 1)
-        results = json.loads((Path(folder) / "results.json").read_text())
-        summary[name] = method_summary(results, args.split)
+        name, folders = item.split("=", 1)
+        parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders.split(",")]
+        merged = {"command": " ; ".join(r["command"] for r in parts),
+                  "per_seed": {s: r for p in parts for s, r in p["per_seed"].items()}}
+        summary[name] = method_summary(merged, args.split)
     for name, s in summary.items():
         for env, e in s["envs"].items():
             print(f"[credit] {args.name} {name} {env}: BC {statistics.fmean(e['bc']):.3f} -> "

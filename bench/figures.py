@@ -36,9 +36,9 @@ LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 SUMMARIES = ("bench/run_summary.py", "bench/miniwob_tasks.py")
 """Scripts that summarise what another command wrote (training runs, an OUT folder's
 evaluations), named by their positional arguments: they go last."""
-INPUT_FLAGS = ("--reuse-warm-start", "--model", "--compare")
+INPUT_FLAGS = ("--reuse-warm-start", "--model", "--compare", "--methods")
 """Flags whose values (up to the next option) are inputs that must exist before the command
-can run; `base` is the config's own model."""
+can run; `base` is the config's own model; `NAME=DIR,DIR` (bench/credit.py) names folders."""
 OUTPUT_FLAGS = ("--runs", "--out")
 """Flags (and `run_root=`) whose value is a folder (of training runs, of results) the command
 writes."""
@@ -208,8 +208,8 @@ def inputs(argv: list[str]) -> list[str]:
                   if a.startswith(("runs/", "docs/")) and not argv[i - 1].startswith("--")]
     for i, flag in enumerate(argv):
         if flag in INPUT_FLAGS:
-            found += [local(v) for v in itertools.takewhile(_is_value, argv[i + 1:])
-                      if v != "base"]
+            found += [local(p) for v in itertools.takewhile(_is_value, argv[i + 1:])
+                      if v != "base" for p in v.split("=", 1)[-1].split(",")]
     return found
 
 
