@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from horizonrl.protos.placement import CustomResources
 
@@ -184,15 +184,14 @@ class LearnerConfig(BaseModel):
         "bounds the extra memory on both sides); a larger tensor is sent alone.")
     ingest: IngestConfig = Field(default_factory=IngestConfig, description="Trajectory ingest.")
 
-    def model_post_init(self, _context: object) -> None:
+    @field_validator("algorithm")
+    @classmethod
+    def _registered(cls, name: str) -> str:
         # The registry, not a Literal: a new estimator is one module and its registration.
-        _check_algorithm(self)
+        from horizonrl.learner.credit import estimator_class
 
-
-def _check_algorithm(cfg: LearnerConfig) -> None:
-    from horizonrl.learner.credit import estimator_class
-
-    estimator_class(cfg.algorithm)  # ValueError naming the registered ones
+        estimator_class(name)  # ValueError naming the registered ones
+        return name
 
 
 def rank_bundle(cfg: LearnerConfig) -> dict[str, float]:

@@ -106,7 +106,7 @@ def register(name: str) -> Callable[[type[Estimator]], type[Estimator]]:
 def estimator_class(name: str) -> type[Estimator]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown learner.algorithm {name!r}; use one of "
-                         f"{', '.join(sorted(_REGISTRY))}")
+                         f"{', '.join(repr(n) for n in sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 
