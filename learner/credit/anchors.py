@@ -1,4 +1,4 @@
-"""Turn-level credit math, pure numpy (checkable by hand): discounted returns per turn, anchor-
+"""Turn-level credit math on numpy arrays (checkable by hand): discounted returns per turn, anchor-
 state groups and GiGPO's two-level advantage.
 
 An episode is a list of turns; turn k has the reward `r_k` the env gave for its action and the
@@ -24,14 +24,6 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> np.ndarray:
         running = float(rewards[k]) + gamma * running
         out[k] = running
     return out
-
-
-def normalised(x: np.ndarray, *, by_std: bool, eps: float = 1e-6) -> np.ndarray:
-    """x - mean(x), divided by the unbiased std + eps when `by_std` and the std is not 0 (an
-    all-equal group is all 0 either way); as GRPO normalises a group."""
-    centred = x - x.mean()
-    std = x.std(ddof=1) if len(x) > 1 else 0.0
-    return centred / (std + eps) if by_std and std > 0 else centred
 
 
 @dataclass(frozen=True)
@@ -63,24 +55,29 @@ def anchor_groups(task_groups: Sequence[int], state_keys: Sequence[Sequence[str]
                 members.setdefault((int(g), key), []).append((e, k))
     advantage = [np.zeros(len(r), dtype=np.float64) for r in returns]
     groups = [m for m in members.values() if len(m) >= 2]
-    for m in groups:
-        adv = normalised(np.array([returns[e][k] for e, k in m]), by_std=by_std)
-        for (e, k), a in zip(m, adv):
+    flat = [(e, k) for m in groups for e, k in m]
+    if flat:
+        # Each anchor group is a GRPO group of turns: the same normalisation, one call.
+        adv = episode_level(np.repeat(np.arange(len(groups)), [len(m) for m in groups]),
+                            [returns[e][k] for e, k in flat], by_std=by_std)
+        for (e, k), a in zip(flat, adv):
             advantage[e][k] = a
     return Anchors(groups=groups, advantage=advantage)
 
 
 def episode_level(task_groups: Sequence[int], outcomes: Sequence[float], *,
                   by_std: bool) -> np.ndarray:
-    """GRPO's advantage of each episode within its task group (0 in a group of one)."""
-    g = np.asarray(task_groups)
-    r = np.asarray(outcomes, dtype=np.float64)
-    out = np.zeros(len(r), dtype=np.float64)
-    for gid in np.unique(g):
-        idx = np.flatnonzero(g == gid)
-        if len(idx) >= 2:
-            out[idx] = normalised(r[idx], by_std=by_std)
-    return out
+    """GRPO's advantage of each member within its group (0 in a group of one):
+    `learner.algorithms.grpo_advantages` itself."""
+    import torch
+
+    from horizonrl.learner.algorithms import grpo_advantages
+
+    n = len(outcomes)
+    return grpo_advantages(torch.tensor(list(outcomes), dtype=torch.float32),
+                           torch.as_tensor(np.asarray(task_groups, dtype=np.int64)),
+                           torch.ones(n, dtype=torch.bool), norm_by_std=by_std
+                           ).double().numpy()
 
 
 def leave_one_out_baseline(task_groups: Sequence[int], first_returns: Sequence[float]
