@@ -23,7 +23,7 @@ __all__ = ["LearnerGroup", "PlacementTimeout", "advantage_stats", "groups_with_s
 
 
 def advantage_stats(advantages: np.ndarray, loss_mask: np.ndarray) -> dict[str, float]:
-    """The trained tokens' advantages: mean, |mean| (as before) and the episode-level view."""
+X
     a = advantages[loss_mask > 0]
     if a.size == 0:
         return {}
