@@ -23,7 +23,8 @@ __all__ = ["LearnerGroup", "PlacementTimeout", "advantage_stats", "groups_with_s
 
 
 def advantage_stats(advantages: np.ndarray, loss_mask: np.ndarray) -> dict[str, float]:
-X
+    """Mean, mean absolute value and standard deviation of the advantages on trained tokens
+    (those with loss_mask > 0); empty when no token is trained."""
     a = advantages[loss_mask > 0]
     if a.size == 0:
         return {}
