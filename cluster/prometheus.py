@@ -60,6 +60,18 @@ GAUGES = {
                                   "learner/step_adv_abs_mean"),
     "learner_step_adv_std": ("Std of the step-level advantage over trained turns",
                              "learner/step_adv_std"),
+    # Rollout correction: the sampler's (vLLM's) logprobs against the learner's pre-update
+    # ones. The truncated and masked shares exist only with the correction on.
+    "learner_mismatch_log_ratio_abs_mean": ("Mean |log(learner / vLLM)| over trained tokens",
+                                            "learner/mismatch_log_ratio_abs_mean"),
+    "learner_mismatch_log_ratio_abs_max": ("Largest |log(learner / vLLM)| of a trained token",
+                                           "learner/mismatch_log_ratio_abs_max"),
+    "learner_mismatch_kl": ("KL(vLLM || learner) per trained token (k3 estimate)",
+                            "learner/mismatch_kl"),
+    "learner_mismatch_truncated_share": ("Share of trained tokens whose importance weight "
+                                         "is_cap truncates", "learner/mismatch_truncated_share"),
+    "learner_mismatch_masked_share": ("Share of trained tokens in rows seq_mask_band masks",
+                                      "learner/mismatch_masked_share"),
     "generator_rss_max_bytes": ("Resident memory of the largest generator process",
                                 "generator_rss_max_bytes"),
     "weight_sync_seconds": ("Seconds to push weights to every generator",

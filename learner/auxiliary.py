@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from horizonrl.learner.algorithms import masked_mean, token_logprobs
-from horizonrl.learner.batch import without_invalid_turns
+from horizonrl.learner.batch import trim, without_invalid_turns
 from horizonrl.protos.chat import ChatFormat
 from horizonrl.protos.trajectory import Failure, Trajectory
 
@@ -324,3 +324,31 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
         accuracy = (diff > 0).float().mean()
         margin = diff.mean()
     return loss, accuracy, margin
+
+
+def auxiliary_loss(kind: str, shard: dict[str, np.ndarray], policy: Any, ref: Any | None,
+                   tensors: Any, *, dpo_beta: float) -> tuple[Tensor, dict[str, float]]:
+    """One rank's SFT (`kind="sft"`: input_ids, loss_mask) or DPO (`"dpo"`: chosen_* and
+    rejected_* arrays, against the frozen `ref`) loss on its shard, and its figures; `tensors`
+    turns numpy arrays into the policy's device tensors (LearnerWorker._tensors)."""
+    if kind == "sft":
+        t = tensors(trim(shard))
+        loss = sft_loss(policy(input_ids=t["input_ids"]).logits, t["input_ids"], t["loss_mask"])
+        return loss, {"sft_loss": loss.item()}
+    if kind != "dpo":
+        raise ValueError(f"unknown auxiliary objective {kind!r}; use sft or dpo")
+    if ref is None:
+        raise RuntimeError("DPO needs the reference model: set learner.kl_coef > 0")
+    logps = {}
+    for side in ("chosen", "rejected"):
+        t = tensors(trim({"input_ids": shard[f"{side}_input_ids"],
+                          "attention_mask": shard[f"{side}_attention_mask"],
+                          "loss_mask": shard[f"{side}_loss_mask"]}))
+        ids, mask = t["input_ids"], t["loss_mask"]
+        logps[side] = sequence_logprob(policy(input_ids=ids).logits, ids, mask)
+        with torch.no_grad():
+            logps[f"ref_{side}"] = sequence_logprob(ref(input_ids=ids).logits, ids, mask)
+    loss, acc, margin = dpo_loss(logps["chosen"], logps["rejected"], logps["ref_chosen"],
+                                 logps["ref_rejected"], dpo_beta)
+    return loss, {"dpo_loss": loss.item(), "reward_accuracy": acc.item(),
+                  "reward_margin": margin.item()}

@@ -70,6 +70,11 @@ class LearnerConfig(BaseModel):
     )
     is_cap: float = Field(2.0, gt=0, description="Truncation of the behaviour importance "
                           "weight (decoupled loss).")
+    seq_mask_band: tuple[float, float] | None = Field(
+        None, description="Sequence-level rollout masking, in sync and async mode: a row "
+        "(an episode; a turn in window mode) whose geometric-mean ratio exp(mean log(learner "
+        "pre-update / vLLM)) falls outside [low, high] gets no policy loss, e.g. [0.5, 2.0]. "
+        "Combines with the decoupled loss's token-level truncation (TIS). unset: off.")
     dpo_beta: float = Field(0.1, gt=0, description="DPO (`horizonrl dpo`): beta, the strength "
                             "of the implicit KL to the reference.")
     reinforce_pp_baseline: bool = Field(
@@ -183,6 +188,14 @@ class LearnerConfig(BaseModel):
         64.0, gt=0, description="Broadcast: most MiB per bucket (one flat broadcast each; "
         "bounds the extra memory on both sides); a larger tensor is sent alone.")
     ingest: IngestConfig = Field(default_factory=IngestConfig, description="Trajectory ingest.")
+
+    @field_validator("seq_mask_band")
+    @classmethod
+    def _band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0 < band[0] <= 1 <= band[1]:
+            raise ValueError(f"learner.seq_mask_band {list(band)}: need 0 < low <= 1 <= high "
+                             "(ratios of learner to vLLM probabilities; 1 is no mismatch)")
+        return band
 
     @field_validator("algorithm")
     @classmethod

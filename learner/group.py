@@ -137,7 +137,8 @@ class LearnerGroup:
                                 token_mean=self.cfg.loss_agg == "token-mean")
         results = ray.get([w.train.remote(s) for w, s in zip(self.workers, shards)])
         for k in results[0]:
-            stats[k] = float(np.mean([r[k] for r in results]))
+            per_rank = [r[k] for r in results]
+            stats[k] = float(np.max(per_rank) if k.endswith("_max") else np.mean(per_rank))
         return stats
 
     def _rejection_sampling(self, trajs: Sequence[Trajectory]) -> dict[str, float]:

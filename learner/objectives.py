@@ -16,8 +16,8 @@ from horizonrl.learner.config import LearnerConfig
 def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, *,
                      ref_logprobs: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped (or dual-clipped) surrogate on `mb["advantages"]` against the behaviour
-    logprobs (or, with `cfg.decoupled_loss`, the decoupled form on `mb["prox_logprobs"]` and
-    `mb["is_weights"]`, which the caller computed), aggregated
+    logprobs (or, with `cfg.decoupled_loss`, against `mb["prox_logprobs"]`), each token
+    weighted by `mb["is_weights"]` where the caller computed them (rollout_correction), aggregated
     by `cfg.loss_agg`, plus `kl_coef` x KL to the reference (unless the KL went into the
     rewards) minus `entropy_coef` x entropy. Returns (loss, detached stats)."""
     ids, mask = mb["input_ids"], mb["loss_mask"]
@@ -28,11 +28,11 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
     decoupled = bool(cfg.decoupled_loss)
     if decoupled and "prox_logprobs" not in mb:
         raise ValueError("learner.decoupled_loss is on but the micro-batch has no prox_logprobs "
-                         "and is_weights (LearnerWorker._decoupled_inputs computes them)")
+                         "and is_weights (LearnerWorker._correction_inputs computes them)")
     per_token, unclipped, ratio = alg.surrogate_per_token(
         logp, mb["prox_logprobs" if decoupled else "old_logprobs"], mb["advantages"],
         clip=cfg.clip_ratio, dual_clip=cfg.dual_clip)
-    if decoupled:
+    if "is_weights" in mb:  # rollout correction: TIS and/or sequence masking
         per_token = per_token * mb["is_weights"]
     pg = alg.aggregate(per_token, mask, cfg.loss_agg, row_scale=mb.get("row_scale"),
                        row_share=mb.get("row_share"))
@@ -49,8 +49,10 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
         stats = {"pg_loss": pg.detach(), "kl": kl.detach(), "entropy": entropy.detach(),
                  "clip_frac": alg.masked_mean((per_token != unclipped).float(), mask),
                  "ratio_max_dev": ((ratio - 1).abs() * mask).max()}
-        if decoupled:
+        if "is_weights" in mb:
             stats["is_weight_mean"] = alg.masked_mean(mb["is_weights"], mask)
+        else:  # the sampler-vs-learner gap; the worker keeps it from an update's first step
+            stats.update(mismatch_stats(logp, mb["old_logprobs"], mask))
     return loss, stats
 
 
@@ -84,6 +86,57 @@ def importance_weights(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: 
     """Truncated importance weights min(exp(prox - behaviour), cap) on model tokens (0
     elsewhere)."""
     return torch.clamp(torch.exp(prox_logprobs - behaviour_logprobs) * mask, max=cap)
+
+
+def sequence_keep(log_ratio: Tensor, mask: Tensor, band: tuple[float, float]) -> Tensor:
+    """Sequence-level rollout masking: 1 for the rows whose geometric-mean ratio
+    exp(mean over model tokens of log(learner / vLLM)) lies inside `band` (inclusive), else 0;
+    `[rows]`. A row without model tokens is kept (it trains nothing either way)."""
+    n = mask.sum(-1)
+    geo = torch.exp((log_ratio * mask).sum(-1) / n.clamp_min(1))
+    inside = (geo >= band[0]) & (geo <= band[1])
+    return (inside | (n == 0)).to(mask.dtype)
+
+
+def mismatch_stats(learner_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, *,
+                   cap: float | None = None, keep: Tensor | None = None) -> dict[str, Tensor]:
+    """How far the sampler's (vLLM's) token logprobs are from the learner's on the same tokens,
+    before any update: mean and max |log ratio|, KL(vLLM || learner) by the k3 estimator on
+    vLLM's samples (E[r - 1 - log r], r = learner / vLLM: unbiased and never negative), the
+    share of tokens whose ratio `cap` truncates, and the share that `keep` (sequence_keep)
+    masks out."""
+    m = mask.float()
+    n = m.sum().clamp_min(1)
+    lr = (learner_logprobs - behaviour_logprobs) * m
+    out = {"mismatch_log_ratio_abs_mean": lr.abs().sum() / n,
+           "mismatch_log_ratio_abs_max": lr.abs().max() if m.any() else torch.zeros(()),
+           "mismatch_kl": ((torch.exp(lr) - 1 - lr) * m).sum() / n}
+    if cap is not None:
+        out["mismatch_truncated_share"] = ((torch.exp(lr) > cap).float() * m).sum() / n
+    if keep is not None:
+        out["mismatch_masked_share"] = ((1 - keep.float())[:, None] * m).sum() / n
+    return {k: v.detach() for k, v in out.items()}
+
+
+def rollout_correction(prox_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, *,
+                       tis: bool, cap: float, band: tuple[float, float] | None,
+                       ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token loss weights that correct for the gap between the policy that sampled the
+    tokens (vLLM: `behaviour_logprobs`) and the learner's own pre-update policy (`prox`):
+    token-level truncated importance sampling min(exp(prox - behaviour), cap) when `tis`
+    (else 1), times 0 on the rows `sequence_keep` rejects when `band` is set. A masked row
+    keeps its place in the loss's denominator, as if its advantages were 0, so the step's
+    scale does not depend on how many rows were masked. Returns (weights [rows, T], 0 off the
+    mask; mismatch_stats)."""
+    m = mask.float()
+    weights = importance_weights(prox_logprobs, behaviour_logprobs, m, cap) if tis else m
+    keep = None
+    if band is not None:
+        keep = sequence_keep(prox_logprobs - behaviour_logprobs, m, band)
+        weights = weights * keep[:, None]
+    stats = mismatch_stats(prox_logprobs, behaviour_logprobs, m, cap=cap if tis else None,
+                           keep=keep)
+    return weights, stats
 
 
 def turn_gae_targets(rewards: Tensor, values: Tensor, mask: Tensor, episode: Tensor,

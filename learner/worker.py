@@ -30,8 +30,8 @@ from horizonrl.learner.engine_setup import (
     save_engines,
 )
 from horizonrl.learner.objectives import (
-    importance_weights,
     policy_objective,
+    rollout_correction,
     turn_gae_targets,
     value_objective,
     whiten,
@@ -156,14 +156,19 @@ class LearnerWorker:
         self.engine.train()
         if self.critic is not None:
             shard = self._ppo_targets(shard)
-        if self.cfg.decoupled_loss:
-            shard = self._decoupled_inputs(shard)
+        mismatch: dict[str, float] = {}
+        if self.cfg.decoupled_loss or self.cfg.seq_mask_band:
+            shard, mismatch = self._correction_inputs(shard)
         stats: dict[str, list[float]] = {}
         for _ in range(self.cfg.epochs):
             for mb in split_minibatches(shard, self.cfg.minibatches):
                 for k, v in self._step(mb).items():
                     stats.setdefault(k, []).append(v)
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        # Without a correction pass, the sampler-vs-learner gap is read off the first
+        # optimizer step's forward, the only one still at the pre-update weights.
+        out = {k: v[0] if k.startswith("mismatch_") else float(np.mean(v))
+               for k, v in stats.items()}
+        out.update(mismatch)
         out["learn_seconds"] = time.perf_counter() - t0
         return out
 
@@ -224,7 +229,10 @@ class LearnerWorker:
                 self.critic.backward(vloss * weight)
                 st.update(vst)
             for k, v in st.items():
-                stats[k] = stats.get(k, 0.0) + float(v) * units / max(local, 1e-9)
+                if k.endswith("_max"):
+                    stats[k] = max(stats.get(k, 0.0), float(v)) if units else stats.get(k, 0.0)
+                else:
+                    stats[k] = stats.get(k, 0.0) + float(v) * units / max(local, 1e-9)
         self.engine.step()
         if self.critic is not None:
             self.critic.step()
@@ -237,43 +245,23 @@ class LearnerWorker:
     def train_aux(self, kind: str, shard: dict[str, np.ndarray]) -> dict[str, float]:
         """One optimizer step of SFT (`kind="sft"`: input_ids, loss_mask) or DPO (`"dpo"`:
         chosen_* and rejected_* arrays, against the frozen reference) on this rank's shard."""
-        from horizonrl.learner import auxiliary as aux
+        from horizonrl.learner.auxiliary import auxiliary_loss
 
         self.engine.train()
         self.engine.set_gradient_accumulation_boundary(True)
-        if kind == "sft":
-            t = self._tensors(trim(shard))
-            loss = aux.sft_loss(self.engine(input_ids=t["input_ids"]).logits, t["input_ids"],
-                                t["loss_mask"])
-            stats = {"sft_loss": loss.item()}
-        elif kind == "dpo":
-            if self.ref is None:
-                raise RuntimeError("DPO needs the reference model: set learner.kl_coef > 0")
-            logps = {}
-            for side in ("chosen", "rejected"):
-                t = self._tensors(trim({"input_ids": shard[f"{side}_input_ids"],
-                                        "attention_mask": shard[f"{side}_attention_mask"],
-                                        "loss_mask": shard[f"{side}_loss_mask"]}))
-                ids, mask = t["input_ids"], t["loss_mask"]
-                logps[side] = aux.sequence_logprob(self.engine(input_ids=ids).logits, ids, mask)
-                with torch.no_grad():
-                    logps[f"ref_{side}"] = aux.sequence_logprob(self.ref(input_ids=ids).logits,
-                                                                ids, mask)
-            loss, acc, margin = aux.dpo_loss(logps["chosen"], logps["rejected"],
-                                             logps["ref_chosen"], logps["ref_rejected"],
-                                             self.cfg.dpo_beta)
-            stats = {"dpo_loss": loss.item(), "reward_accuracy": acc.item(),
-                     "reward_margin": margin.item()}
-        else:
-            raise ValueError(f"unknown auxiliary objective {kind!r}; use sft or dpo")
+        loss, stats = auxiliary_loss(kind, shard, self.engine, self.ref, self._tensors,
+                                     dpo_beta=self.cfg.dpo_beta)
         self.engine.backward(loss)
         self.engine.step()
         self.updates += 1
         return stats
 
     @torch.no_grad()
-    def _decoupled_inputs(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The learner's pre-update logprobs and the truncated importance weights."""
+    def _correction_inputs(self, shard: dict[str, np.ndarray],
+                           ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The learner's pre-update logprobs (`prox_logprobs`), the rollout correction's
+        per-token weights (`is_weights`: TIS with the decoupled loss, sequence masking with
+        seq_mask_band) and the mismatch statistics over the whole shard."""
         self.engine.eval()
         prox = []
         for micro in micro_batches(shard, self._micro_count(shard)):
@@ -287,15 +275,17 @@ class LearnerWorker:
         self.engine.train()
         out = dict(shard)
         out["prox_logprobs"] = (np.concatenate(prox) * shard["loss_mask"]).astype(np.float32)
-        out["is_weights"] = importance_weights(
+        weights, stats = rollout_correction(
             torch.from_numpy(out["prox_logprobs"]), torch.from_numpy(shard["old_logprobs"]),
-            torch.from_numpy(shard["loss_mask"]), self.cfg.is_cap).numpy()
-        return out
+            torch.from_numpy(shard["loss_mask"]), tis=bool(self.cfg.decoupled_loss),
+            cap=self.cfg.is_cap, band=self.cfg.seq_mask_band)
+        out["is_weights"] = weights.numpy().astype(np.float32)
+        return out, {k: float(v) for k, v in stats.items()}
 
     def importance_weights(self, shard: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """What `train` would weight this shard's tokens by (for checks): prox logprobs and the
-        truncated weights."""
-        out = self._decoupled_inputs(shard)
+        rollout correction's weights."""
+        out, _ = self._correction_inputs(shard)
         return {"prox_logprobs": out["prox_logprobs"], "is_weights": out["is_weights"]}
 
     @torch.no_grad()

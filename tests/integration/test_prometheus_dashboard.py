@@ -65,7 +65,9 @@ def test_every_dashboard_query_returns_data(tmp_path, free_port):
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=prom", "iterations=8", f"run_root={tmp_path}", "metrics.port=0",
         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8",
-        "learner.minibatches=1"])
+        "learner.minibatches=1",
+        # The rollout correction on, so its truncated and masked shares have series too.
+        "learner.decoupled_loss=true", "learner.seq_mask_band=[0.5,2.0]"])
     prom_port = free_port()
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         (tmp_path / "prometheus.yml").write_text(

@@ -91,6 +91,11 @@ def test_two_iterations_end_to_end(cfg):
             # The update reached the engine: version advanced, logprobs moved and match the learner.
             assert ray.get(gen.get_policy_version.remote()) == 2
             assert any(m["learner"]["skipped_update"] == 0.0 for m in metrics)
+            # The sampler-vs-learner gap is reported on every update, and in sync mode (same
+            # weights on both sides) it is float noise.
+            for m in (m for m in metrics if m["learner"]["skipped_update"] == 0.0):
+                assert 0 <= m["learner"]["mismatch_log_ratio_abs_max"] < LOGPROB_TOL
+                assert 0 <= m["learner"]["mismatch_kl"] < LOGPROB_TOL
             after = ray.get(gen.score.remote(fixed))
             learner = trainer.learner.score(fixed)
             # Behaviour logprobs recorded at version 0 are the "before" for the same tokens.

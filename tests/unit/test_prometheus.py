@@ -16,7 +16,7 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/horizonrl.json
 LABELS = {"run": "r", "env": "e"}
 # Sample names each metric type serves next to its family name.
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
-CREDIT = {  # metric key -> gauge, the figures a GiGPO update reports
+CREDIT = {  # metric key -> gauge: what a GiGPO update with the rollout correction reports
     "learner/groups_kept": "learner_groups_kept",
     "learner/anchor_groups": "learner_anchor_groups",
     "learner/anchor_group_size_mean": "learner_anchor_group_size_mean",
@@ -26,6 +26,12 @@ CREDIT = {  # metric key -> gauge, the figures a GiGPO update reports
     "learner/episode_adv_std": "learner_episode_adv_std",
     "learner/step_adv_abs_mean": "learner_step_adv_abs_mean",
     "learner/step_adv_std": "learner_step_adv_std",
+    # rollout correction
+    "learner/mismatch_log_ratio_abs_mean": "learner_mismatch_log_ratio_abs_mean",
+    "learner/mismatch_log_ratio_abs_max": "learner_mismatch_log_ratio_abs_max",
+    "learner/mismatch_kl": "learner_mismatch_kl",
+    "learner/mismatch_truncated_share": "learner_mismatch_truncated_share",
+    "learner/mismatch_masked_share": "learner_mismatch_masked_share",
 }
 
 
