@@ -72,6 +72,11 @@ class GeneratorConfig(BaseModel):
         0, ge=0, description="independent: episodes started and not yet finished at once per "
         "generator (0: as many as the env replicas allow); bounds the engine's batch and the "
         "KV cache in use.")
+    partial_rollouts: bool = Field(
+        False, description="mode=async: episodes in flight take each new policy version (and "
+        "horizon) at their next turn instead of finishing on the weights their rollout began "
+        "with; each turn records the version that sampled it (Trajectory.turn_versions), a "
+        "turn never spans two. The engine finishes the generations in flight, then reloads.")
     context: ContextConfig = Field(default_factory=ContextConfig,
                                    description="Full or window context per turn.")
     prefix_caching: bool = Field(

@@ -100,11 +100,18 @@ class Tally:
 class IndependentEpisodes:
     """Runs a rollout's episodes to the end, each independently; at most `max_in_flight`
     started and unfinished at once (and never more than its env has replicas).
-    `on_done(episodes)` is called with the episodes that finished together (to push them)."""
+    `on_done(episodes)` is called with the episodes that finished together (to push them).
+
+    Partial rollouts: when `news()` says a newer policy was posted, no new turn is sent to the
+    engine; the generations in flight finish with the weights they started with, and once none
+    is left `take_news()` loads the new weights (and horizon) and the held turns go out. So a
+    turn is never sampled by two versions, and env calls go on meanwhile."""
 
     def __init__(self, engine: Engine | StepEngine, pools: dict[str, EnvPool], *,
                  max_tokens: int, temperature: float, max_in_flight: int,
-                 on_done: Callable[[list[Episode]], None]) -> None:
+                 on_done: Callable[[list[Episode]], None],
+                 news: Callable[[], bool] | None = None,
+                 take_news: Callable[[], None] | None = None) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.engine = step_engine(engine)
@@ -118,11 +125,14 @@ class IndependentEpisodes:
         self._requests: dict[str, Episode] = {}
         self._calls: list[tuple[PendingCall, list[Episode]]] = []  # env calls in flight
         self._rid = 0
+        self.news, self.take_news = news, take_news
+        self._held: list[Episode] | None = None  # turns held back while the engine drains
 
     def run(self, episodes: Sequence[Episode]) -> Tally:
         self._waiting.extend(episodes)
         try:
             while self._waiting or self._running:
+                self._switch_policy()
                 self._start_waiting()
                 t0 = time.perf_counter()
                 if self.engine.busy():
@@ -161,7 +171,23 @@ class IndependentEpisodes:
         self.tally.peak_in_flight = max(self.tally.peak_in_flight, len(self._running))
 
     # -- the engine --------------------------------------------------------------------------
+    def _switch_policy(self) -> None:
+        """Partial rollouts: start holding new turns when news arrives; take it once the
+        engine has nothing in flight, then send the held turns."""
+        if self.news is None:
+            return
+        if self._held is None and self.news():
+            self._held = []
+        if self._held is not None and not self._requests:
+            held, self._held = self._held, None
+            self.take_news()
+            for ep in held:
+                self._generate(ep)
+
     def _generate(self, ep: Episode) -> None:
+        if self._held is not None:
+            self._held.append(ep)
+            return
         rid = f"ep{ep.index}-r{self._rid}"
         self._rid += 1
         self._requests[rid] = ep

@@ -24,6 +24,7 @@ import psutil
 from horizonrl.actors.config import GeneratorConfig
 from horizonrl.actors.curriculum import HorizonSetting
 from horizonrl.actors.heap import trim_heap
+from horizonrl.actors.policy_board import PolicyFeed
 from horizonrl.actors.rollout import AgentLoop, Engine
 from horizonrl.envpool.pool import EnvError, EnvPool
 from horizonrl.envpool.registry import env_spec
@@ -32,6 +33,8 @@ from horizonrl.protos.placement import node_ip
 from horizonrl.protos.precision import bf16_native, engine_dtype
 from horizonrl.protos.reports import RolloutReport, RolloutSeconds
 from horizonrl.protos.trajectory import Failure
+
+POLL_S = 0.1  # partial rollouts, independent loop: at most one board query per POLL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ class GeneratorActor:
         self.horizon_version = -1
         self._context_warned = False
         self._sends: list[Future] = []  # this rollout's pushes in flight
+        self._feed: PolicyFeed | None = None  # the rollout's board (partial rollouts)
+        self._loads = 0  # weight loads during the rollout
         self._weights_dir = tempfile.mkdtemp(prefix=f"horizonrl-{name}-weights-")
         for pool in self.pools.values():
             pool.wait_ready()
@@ -150,12 +155,14 @@ class GeneratorActor:
 
     # -- rollout -----------------------------------------------------------------------------
     def rollout(self, tasks: Sequence[Task], *, group_size: int, step: int,
-                horizon: int | None = None,
-                setting: HorizonSetting | None = None) -> RolloutReport:
+                horizon: int | None = None, setting: HorizonSetting | None = None,
+                board: Any | None = None) -> RolloutReport:
         """Run `group_size` episodes of each task to the end; push each as it finishes.
         `setting` is the curriculum's horizon in force when the call was made; it is kept for
         later calls (a stale one is ignored, as by `set_horizon`). `horizon` overrides the
-        curriculum's (every env's) for this call only (evaluation sweeps)."""
+        curriculum's (every env's) for this call only (evaluation sweeps). With a `board`
+        (actors/policy_board.py; partial rollouts) the episodes in flight take each newer
+        policy version and horizon posted there at their next turn."""
         if setting is not None:
             self.set_horizon(setting.horizon, setting.version, setting.env_horizons)
         per_env = {} if horizon else self.env_horizons
@@ -169,6 +176,10 @@ class GeneratorActor:
         counts = {"generated_tokens": 0, "env_steps": 0, "prompt_tokens": 0, "cached_tokens": 0}
         sent: list[str] = []
         self._sends = []
+        self._feed = None if board is None else PolicyFeed(
+            board, version=self.policy_version, horizon_version=self.horizon_version,
+            poll_s=0.0 if self.cfg.loop == "lockstep" else POLL_S)
+        self._loads = 0
         try:
             if self.cfg.loop == "independent":
                 sent = self._independent(tasks, group_size, step, version, per_env, horizon,
@@ -182,10 +193,12 @@ class GeneratorActor:
                 f.result()
             timing["transport"] += time.perf_counter() - t0
         finally:
+            self._feed = None
             if self.cfg.trim_heap:  # fragmentation, not a leak: see actors/heap.py
                 trim_heap()
         return RolloutReport(
             trajectory_ids=tuple(sent), policy_version=version, horizon=horizon,
+            end_policy_version=self.policy_version, weight_loads=self._loads,
             seconds=RolloutSeconds(**timing), env_restarts=self.env_restarts(),
             env_stats=self.env_stats(), rss_bytes=psutil.Process().memory_info().rss, **counts)
 
@@ -237,9 +250,12 @@ class GeneratorActor:
             # Episodes whose reset failed are done already: account for them now.
             sent += self._push(loops, meta, range(len(loops)), step, version, timing)
             turn = 0
-            longest = max(loop.horizon for loop in loops) if loops else horizon
-            while any(not loops[i].done for i in range(len(loops))) and turn < longest:
+            # Bounded by the longest horizon, which partial rollouts may raise mid-way.
+            while any(not loop.done for loop in loops) and turn < max(
+                    loop.horizon for loop in loops):
                 live = [i for i in range(len(loops)) if not loops[i].done]
+                if self._feed is not None and self._feed.pending():
+                    self._take_news([loops[i] for i in live], [envs[i] for i in live])
                 self._turn(loops, envs, slots, live, timing, counts)
                 sent += self._push(loops, meta, live, step, version, timing)
                 turn += 1
@@ -251,12 +267,27 @@ class GeneratorActor:
     def _new_loop(self, task: Task, per_env: dict[str, int], horizon: int) -> AgentLoop:
         key = task.env or self.default_env
         spec = self.specs[key]
-        return AgentLoop(chat=self.chat, system_prompt=spec.system_prompt,
+        loop = AgentLoop(chat=self.chat, system_prompt=spec.system_prompt,
                          parse_action=spec.parse_action, horizon=per_env.get(key, horizon),
                          max_context_tokens=self.cfg.max_context_tokens,
                          max_tokens_per_turn=self.cfg.max_tokens_per_turn,
                          keep_turns=self.cfg.context.keep_turns
                          if self.cfg.context.mode == "window" else None)
+        loop.new_policy(self.policy_version)
+        return loop
+
+    def _take_news(self, loops: Sequence[AgentLoop], envs: Sequence[str]) -> None:
+        """Partial rollouts, between turns (no generation in flight): load the newer weights
+        and horizon the board posted; the unfinished `loops` take them from their next turn."""
+        version, state, setting = self._feed.take()
+        if state is not None and version > self.policy_version:
+            self.update_weights(state, version)
+            self._loads += 1
+        if setting is not None:
+            self.set_horizon(setting.horizon, setting.version, setting.env_horizons)
+        for loop, key in zip(loops, envs):
+            loop.new_policy(self.policy_version, None if setting is None
+                            else self.env_horizons.get(key, self.horizon))
 
     def _independent(self, tasks: Sequence[Task], group_size: int, step: int, version: int,
                      per_env: dict[str, int], horizon: int, timing: dict[str, float],
@@ -270,12 +301,17 @@ class GeneratorActor:
                     for i, (task, _) in enumerate(meta)]
         loops = [ep.loop for ep in episodes]
         sent: list[str] = []
+        feed = self._feed
         runner = IndependentEpisodes(
             self.engine, self.pools, max_tokens=self.cfg.max_tokens_per_turn,
             temperature=self.cfg.temperature,
             max_in_flight=self.cfg.max_episodes_in_flight or max(len(episodes), 1),
             on_done=lambda eps: sent.extend(self._push(
-                loops, meta, [ep.index for ep in eps], step, version, timing)))
+                loops, meta, [ep.index for ep in eps], step, version, timing)),
+            news=None if feed is None else feed.pending,
+            take_news=lambda: self._take_news(
+                [ep.loop for ep in episodes if not ep.loop.done],
+                [ep.key for ep in episodes if not ep.loop.done]))
         tally = runner.run(episodes)
         for k in ("generate", "env", "overlap"):
             timing[k] += getattr(tally, k)

@@ -79,6 +79,11 @@ class AgentLoop:
         self.cut: str | None = None  # "context" or "horizon" when one of them ended the episode
         self.context_error = ""
         self.turn_spans: list[tuple[int, int, int]] = []
+        # The policy version of the weights the next turn is sampled with (None: the caller
+        # did not say), and of each turn taken (partial rollouts change it between turns,
+        # never within one).
+        self.policy_version: int | None = None
+        self.turn_versions: list[int] = []
         self._window_start = 0  # where the next turn's window begins in response_ids
         self._turn_start = 0.0
 
@@ -127,6 +132,8 @@ class AgentLoop:
             # Cut by max_tokens: close the turn with a template token the model did not sample.
             self._append([end], 0, [0.0])
         self.turn_spans.append((self._window_start, start, len(self.response_ids)))
+        if self.policy_version is not None:
+            self.turn_versions.append(self.policy_version)
         action = self.parse_action(self.chat.tokenizer.decode(text_ids))
         self.actions.append(action)
         return action
@@ -148,6 +155,14 @@ class AgentLoop:
             self.state_keys.append(state_key(result.observation, result.info))
             self._append(self.chat.observation_ids(result.observation), 0, None)
             self._check_context()
+
+    def new_policy(self, version: int, horizon: int | None = None) -> None:
+        """Between turns: the next turns are sampled by `version`, and the curriculum's
+        `horizon` applies from the next turn, never below the turns taken plus the one about
+        to be taken (a lower horizon cannot end an episode that was allowed to go on)."""
+        self.policy_version = int(version)
+        if horizon is not None and not self.done:
+            self.horizon = max(int(horizon), self.num_turns + 1)
 
     def fail(self, failure: Failure) -> None:
         """Mark an infrastructure failure: the learner masks it out rather than scoring 0."""
@@ -186,9 +201,15 @@ class AgentLoop:
     # -- output ------------------------------------------------------------------------------
     def to_trajectory(self, *, trajectory_id: str, group_id: str, task_id: str, env_name: str,
                       policy_version: int, info: dict[str, Any] | None = None) -> Trajectory:
+        """The episode as a Trajectory. Its version is the oldest of its turns' where the
+        loop was told them (`new_policy`), else `policy_version`; `turn_versions` is recorded
+        when they differ (partial rollouts)."""
+        versions = tuple(self.turn_versions)
+        told = bool(versions) and len(versions) == self.num_turns
+        several = told and len(set(versions)) > 1
         return Trajectory(
             trajectory_id=trajectory_id, group_id=group_id, task_id=task_id, env_name=env_name,
-            policy_version=policy_version, horizon=self.horizon,
+            policy_version=min(versions) if told else policy_version, horizon=self.horizon,
             prompt_ids=tuple(self.prompt_ids), response_ids=tuple(self.response_ids),
             response_mask=tuple(self.response_mask),
             response_logprobs=tuple(self.response_logprobs),
@@ -202,6 +223,7 @@ class AgentLoop:
                   **({"context_error": self.context_error} if self.context_error else {}),
                   **(info or {})},
             turn_spans=tuple(self.turn_spans) if self.keep_turns is not None else (),
+            turn_versions=versions if several else (),
         )
 
 

@@ -26,7 +26,9 @@ from report import write_results
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"sync": ["mode=sync"],
          "async, staleness 1": ["mode=async", "max_staleness=1"],
-         "async, staleness 2": ["mode=async", "max_staleness=2"]}
+         "async, staleness 2": ["mode=async", "max_staleness=2"],
+         "async, partial rollouts": ["mode=async", "max_staleness=1",
+                                     "generator.partial_rollouts=true"]}
 
 
 def run(name: str, overrides: list[str], iterations: int, generators: int,

@@ -272,6 +272,9 @@ class RunConfig(BaseModel):
     def _async_fits(self) -> None:
         """Learner settings that async mode would otherwise ignore without a word."""
         if self.mode != "async":
+            if self.generator.partial_rollouts:
+                raise ValueError("generator.partial_rollouts needs mode=async: in sync mode "
+                                 "no episode is in flight while the learner trains")
             return
         if self.learner.dynamic_sampling:
             raise ValueError("learner.dynamic_sampling does not work with mode=async: the "

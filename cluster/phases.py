@@ -10,8 +10,15 @@ and every generator reloads the new weights before the next rollout.
 Async: generators never wait for the learner. Every generator always has one rollout in
 flight; when one finishes, its trajectories go into a buffer and the generator is handed the
 newest weights (if the learner has moved on) and its next rollout at once: the reload is queued
-on the actor ahead of the rollout, so generation stops only for the reload itself, and episodes
-never change weights mid-way (their `policy_version` is the version that produced every token).
+on the actor ahead of the rollout, so generation stops only for the reload itself. By default
+episodes never change weights mid-way (their `policy_version` produced every token). With
+`generator.partial_rollouts` each update is posted to a `PolicyBoard` (actors/policy_board.py)
+and the episodes in flight take it at their next turn: the generator finishes the generations
+it has running, reloads, and samples every later turn with the new version (each turn records
+its version in `Trajectory.turn_versions`; `policy_version` is the oldest, so the staleness
+bound below applies to the oldest turn). The curriculum's horizon is posted at the start of
+each step, and an episode in flight takes it at its next turn, never below the turns it has
+taken plus one.
 The learner takes the oldest `tasks_per_step` whole groups from the buffer, drops trajectories
 more than `max_staleness` versions behind (and counts them), and trains with the decoupled loss
 (learner.decoupled_loss), whose truncated importance weights correct for the lag. Which
@@ -170,6 +177,13 @@ class AsyncPhase:
         self.buffer: list[Trajectory] = []
         self.rollouts = 0  # rollout calls issued: seeds the task draw of each
         self._reload_seconds: list[Any] = []  # ObjectRefs of hand-offs not yet reported
+        self.board = None  # partial rollouts: where new versions reach rollouts in flight
+        if trainer.cfg.generator.partial_rollouts:
+            import ray
+
+            from horizonrl.actors.policy_board import PolicyBoard
+
+            self.board = ray.remote(num_cpus=0)(PolicyBoard).remote()
 
     def _submit(self, i: int) -> None:
         """Give generator i the newest weights (if it lags) and its next rollout, which
@@ -183,12 +197,16 @@ class AsyncPhase:
         tasks = sample_tasks(t.cfg, self.rollouts)
         self.inflight[i] = t.generators[i].rollout.remote(
             tasks, step=self.rollouts, group_size=t.cfg.generator.group_size,
-            setting=ray.get(t.curriculum.setting.remote()))
+            setting=ray.get(t.curriculum.setting.remote()), board=self.board)
         self.rollouts += 1
 
     def gather(self, step: int) -> Gathered:
         """Wait until the buffer holds `tasks_per_step` whole groups; take the oldest."""
+        import ray
+
         t = self.t
+        if self.board is not None:  # the curriculum ticked after the last update's post
+            self.board.post.remote(t.policy_version, [], ray.get(t.curriculum.setting.remote()))
         for i in range(len(t.generators)):
             if i not in self.inflight:
                 self._submit(i)
@@ -210,7 +228,11 @@ class AsyncPhase:
         lag = [t.policy_version - tr.policy_version for tr in taken]
         extra = {"async": {"dropped_stale": float(len(stale)),
                            "buffered": float(len(self.buffer)),
-                           "lag_mean": sum(lag) / max(len(lag), 1)}}
+                           "lag_mean": sum(lag) / max(len(lag), 1),
+                           # partial rollouts: reloads between turns, episodes they split
+                           "weight_loads_mid_rollout": float(sum(o.weight_loads for o in outs)),
+                           "multi_version_share": sum(bool(tr.turn_versions) for tr in taken)
+                           / max(len(taken), 1)}}
         return Gathered(outs=outs, trajs=fresh, orphans=orphans,
                         dropped={"stale": [tr.trajectory_id for tr in stale]}, metrics=extra)
 
@@ -229,6 +251,8 @@ class AsyncPhase:
         del self.inflight[i]
         try:
             out = ray.get(ready[0])
+            # Partial rollouts: the generator may have taken newer weights mid-rollout.
+            self.gen_versions[i] = max(self.gen_versions[i], out.end_policy_version)
         except ray.exceptions.RayActorError:
             g = t.cfg.generator  # a rollout is one step's worth of tasks
             t.replace_dead_generator(i, lost_episodes=g.tasks_per_step * g.group_size,
@@ -247,6 +271,10 @@ class AsyncPhase:
         # only make the data in flight look staler than it is.
         if learn.get("skipped_update", 0.0) == 0.0:
             self.t.policy_version += 1
+            if self.board is not None:  # rollouts in flight take it at their next turn
+                t = self.t
+                self.board.post.remote(t.policy_version, [t.weights.state(t.policy_version)],
+                                       None)
         done, self._reload_seconds = ray.wait(self._reload_seconds,
                                               num_returns=len(self._reload_seconds), timeout=0)
         secs = ray.get(done)

@@ -63,6 +63,10 @@ class WeightSync(Protocol):
         """Generator `index` (restarted) reloads `version`; returns its reload seconds."""
         ...
 
+    def state(self, version: int) -> Any:
+        """An ObjectRef of the weights as `version` (partial rollouts fetch it mid-rollout)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -96,10 +100,15 @@ class ObjectStoreWeightSync:
                            timeout=self.timeout_s)
         return SyncStats(seconds=time.perf_counter() - t0, reload_seconds=max(reload_s))
 
-    def hand_off(self, index: int, version: int) -> Any:
+    def state(self, version: int) -> Any:
+        """An ObjectRef of the learner's state dict as `version`, one copy per version for
+        every hand-off (async mode); the older one is dropped."""
         if self._state is None or self._state[0] != version:
             self._state = (version, self.learner.state_dict_ref())
-        return self.generators[index].update_weights.remote(self._state[1], version)
+        return self._state[1]
+
+    def hand_off(self, index: int, version: int) -> Any:
+        return self.generators[index].update_weights.remote(self.state(version), version)
 
     def resync(self, index: int, version: int) -> float:
         import ray

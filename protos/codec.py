@@ -63,6 +63,7 @@ def to_proto(t: Trajectory) -> trajectory_pb2.Trajectory:
         # "" for the common empty dict: the proto3 default costs no bytes on the wire.
         info_json=json.dumps(t.info, separators=(",", ":")) if t.info else "",
         turn_spans=[x for span in t.turn_spans for x in span],
+        turn_versions=t.turn_versions,
     )
 
 
@@ -91,6 +92,7 @@ def from_proto(m: trajectory_pb2.Trajectory) -> Trajectory:
         turn_seconds=tuple(m.turn_seconds),
         info=_load_info(m.trajectory_id, m.info_json),
         turn_spans=_load_spans(m.trajectory_id, m.turn_spans),
+        turn_versions=tuple(m.turn_versions),
     )
 
 

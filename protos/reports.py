@@ -47,6 +47,10 @@ class RolloutReport:
     # Per env label: the pool's counters (steps, calls, call_seconds, restarts, errors, ...).
     env_stats: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     rss_bytes: int = 0  # the generator process's resident memory after the rollout
+    # Partial rollouts: the version the generator held at the end (above policy_version when
+    # it took new weights between turns) and how many times it loaded weights mid-rollout.
+    end_policy_version: int = -1
+    weight_loads: int = 0
 
 
 def all_ids(reports: Sequence[RolloutReport]) -> list[str]:

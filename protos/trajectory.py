@@ -29,6 +29,11 @@ class Trajectory:
     with environment/template tokens (mask 0). `response_logprobs` has one entry per response
     token: the behaviour policy's logprob on model tokens, 0.0 on masked tokens.
 
+    `turn_versions` holds the policy version that sampled each model turn (partial rollouts:
+    an episode in flight takes new weights at its next turn, so its turns may come from
+    several versions; a turn never does). `policy_version` is the oldest of them, which the
+    staleness bound and older readers use. Empty: every turn came from `policy_version`.
+
     `turn_spans` is set for episodes run with a window context (`generator.context.mode:
     window`): one `(window_start, turn_start, turn_end)` per model turn, offsets into
     `response_ids`. Turn k was sampled from `prompt_ids + response_ids[window_start:turn_start]`
@@ -55,6 +60,7 @@ class Trajectory:
     turn_seconds: tuple[float, ...] = ()
     info: dict[str, Any] = field(default_factory=dict)
     turn_spans: tuple[tuple[int, int, int], ...] = ()
+    turn_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -70,6 +76,12 @@ class Trajectory:
                 f"{self.horizon}"
             )
         self._check_spans()
+        if self.turn_versions and (len(self.turn_versions) != self.num_turns
+                                   or min(self.turn_versions) != self.policy_version):
+            raise ValueError(
+                f"trajectory {self.trajectory_id}: turn_versions {list(self.turn_versions)} "
+                f"must hold one version per turn ({self.num_turns}), the oldest being "
+                f"policy_version {self.policy_version}")
 
     def _check_spans(self) -> None:
         """Spans are ordered, inside `response_ids`, and never overlap: every response token
@@ -87,6 +99,10 @@ class Trajectory:
     def rows(self) -> int:
         """Training rows this episode becomes: one per turn in window mode, else one."""
         return len(self.turn_spans) or 1
+
+    def version_of_turn(self, k: int) -> int:
+        """The policy version that sampled model turn `k` (0-based)."""
+        return self.turn_versions[k] if self.turn_versions else self.policy_version
 
     @property
     def cut(self) -> str | None:

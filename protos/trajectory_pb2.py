@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!horizonrl/protos/trajectory.proto\x12\x0chorizonrl.v1\"\xb9\x03\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08\x65nv_name\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0f\n\x07horizon\x18\x06 \x01(\x05\x12\x16\n\nprompt_ids\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\x18\n\x0cresponse_ids\x18\x08 \x03(\x05\x42\x02\x10\x01\x12\x19\n\rresponse_mask\x18\t \x03(\x05\x42\x02\x10\x01\x12\x1d\n\x11response_logprobs\x18\n \x03(\x02\x42\x02\x10\x01\x12\x13\n\x07rewards\x18\x0b \x03(\x02\x42\x02\x10\x01\x12\x0e\n\x06reward\x18\x0c \x01(\x02\x12\x11\n\tnum_turns\x18\r \x01(\x05\x12\x12\n\nterminated\x18\x0e \x01(\x08\x12\x11\n\ttruncated\x18\x0f \x01(\x08\x12&\n\x07\x66\x61ilure\x18\x10 \x01(\x0e\x32\x15.horizonrl.v1.Failure\x12\x18\n\x0cturn_seconds\x18\x11 \x03(\x01\x42\x02\x10\x01\x12\x11\n\tinfo_json\x18\x12 \x01(\t\x12\x16\n\nturn_spans\x18\x13 \x03(\x05\x42\x02\x10\x01\"\x1d\n\rCreditRequest\x12\x0c\n\x04want\x18\x01 \x01(\x03\"g\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x03\x12\x0e\n\x06waited\x18\x02 \x01(\x08\x12\x19\n\x11max_message_bytes\x18\x03 \x01(\x03\x12\x1c\n\x14max_trajectory_bytes\x18\x04 \x01(\x03\"_\n\x05\x43hunk\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"A\n\x0fTrajectoryBatch\x12.\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x18.horizonrl.v1.Trajectory\"\xa2\x01\n\x0bPushRequest\x12\x35\n\x0e\x63redit_request\x18\x01 \x01(\x0b\x32\x1b.horizonrl.v1.CreditRequestH\x00\x12.\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1d.horizonrl.v1.TrajectoryBatchH\x00\x12$\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x13.horizonrl.v1.ChunkH\x00\x42\x06\n\x04kind\"U\n\x03\x41\x63k\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.horizonrl.v1.AckStatus\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"Y\n\x0cPushResponse\x12(\n\x05grant\x18\x01 \x01(\x0b\x32\x19.horizonrl.v1.CreditGrant\x12\x1f\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x11.horizonrl.v1.Ack*d\n\x07\x46\x61ilure\x12\x10\n\x0c\x46\x41ILURE_NONE\x10\x00\x12\x15\n\x11\x46\x41ILURE_ENV_ERROR\x10\x01\x12\x13\n\x0f\x46\x41ILURE_TIMEOUT\x10\x02\x12\x1b\n\x17\x46\x41ILURE_GENERATOR_ERROR\x10\x03*k\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x0e\n\nACK_STORED\x10\x01\x12\x11\n\rACK_DUPLICATE\x10\x02\x12\x10\n\x0c\x41\x43K_REJECTED\x10\x03\x12\r\n\tACK_STALE\x10\x04\x32V\n\x11TrajectoryService\x12\x41\n\x04Push\x12\x19.horizonrl.v1.PushRequest\x1a\x1a.horizonrl.v1.PushResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!horizonrl/protos/trajectory.proto\x12\x0chorizonrl.v1\"\xd4\x03\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x10\n\x08\x65nv_name\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x0f\n\x07horizon\x18\x06 \x01(\x05\x12\x16\n\nprompt_ids\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\x18\n\x0cresponse_ids\x18\x08 \x03(\x05\x42\x02\x10\x01\x12\x19\n\rresponse_mask\x18\t \x03(\x05\x42\x02\x10\x01\x12\x1d\n\x11response_logprobs\x18\n \x03(\x02\x42\x02\x10\x01\x12\x13\n\x07rewards\x18\x0b \x03(\x02\x42\x02\x10\x01\x12\x0e\n\x06reward\x18\x0c \x01(\x02\x12\x11\n\tnum_turns\x18\r \x01(\x05\x12\x12\n\nterminated\x18\x0e \x01(\x08\x12\x11\n\ttruncated\x18\x0f \x01(\x08\x12&\n\x07\x66\x61ilure\x18\x10 \x01(\x0e\x32\x15.horizonrl.v1.Failure\x12\x18\n\x0cturn_seconds\x18\x11 \x03(\x01\x42\x02\x10\x01\x12\x11\n\tinfo_json\x18\x12 \x01(\t\x12\x16\n\nturn_spans\x18\x13 \x03(\x05\x42\x02\x10\x01\x12\x19\n\rturn_versions\x18\x14 \x03(\x03\x42\x02\x10\x01\"\x1d\n\rCreditRequest\x12\x0c\n\x04want\x18\x01 \x01(\x03\"g\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x03\x12\x0e\n\x06waited\x18\x02 \x01(\x08\x12\x19\n\x11max_message_bytes\x18\x03 \x01(\x03\x12\x1c\n\x14max_trajectory_bytes\x18\x04 \x01(\x03\"_\n\x05\x43hunk\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"A\n\x0fTrajectoryBatch\x12.\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x18.horizonrl.v1.Trajectory\"\xa2\x01\n\x0bPushRequest\x12\x35\n\x0e\x63redit_request\x18\x01 \x01(\x0b\x32\x1b.horizonrl.v1.CreditRequestH\x00\x12.\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1d.horizonrl.v1.TrajectoryBatchH\x00\x12$\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x13.horizonrl.v1.ChunkH\x00\x42\x06\n\x04kind\"U\n\x03\x41\x63k\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.horizonrl.v1.AckStatus\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"Y\n\x0cPushResponse\x12(\n\x05grant\x18\x01 \x01(\x0b\x32\x19.horizonrl.v1.CreditGrant\x12\x1f\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x11.horizonrl.v1.Ack*d\n\x07\x46\x61ilure\x12\x10\n\x0c\x46\x41ILURE_NONE\x10\x00\x12\x15\n\x11\x46\x41ILURE_ENV_ERROR\x10\x01\x12\x13\n\x0f\x46\x41ILURE_TIMEOUT\x10\x02\x12\x1b\n\x17\x46\x41ILURE_GENERATOR_ERROR\x10\x03*k\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x0e\n\nACK_STORED\x10\x01\x12\x11\n\rACK_DUPLICATE\x10\x02\x12\x10\n\x0c\x41\x43K_REJECTED\x10\x03\x12\r\n\tACK_STALE\x10\x04\x32V\n\x11TrajectoryService\x12\x41\n\x04Push\x12\x19.horizonrl.v1.PushRequest\x1a\x1a.horizonrl.v1.PushResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,26 +45,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORY'].fields_by_name['turn_seconds']._serialized_options = b'\020\001'
   _globals['_TRAJECTORY'].fields_by_name['turn_spans']._loaded_options = None
   _globals['_TRAJECTORY'].fields_by_name['turn_spans']._serialized_options = b'\020\001'
-  _globals['_FAILURE']._serialized_start=1138
-  _globals['_FAILURE']._serialized_end=1238
-  _globals['_ACKSTATUS']._serialized_start=1240
-  _globals['_ACKSTATUS']._serialized_end=1347
+  _globals['_TRAJECTORY'].fields_by_name['turn_versions']._loaded_options = None
+  _globals['_TRAJECTORY'].fields_by_name['turn_versions']._serialized_options = b'\020\001'
+  _globals['_FAILURE']._serialized_start=1165
+  _globals['_FAILURE']._serialized_end=1265
+  _globals['_ACKSTATUS']._serialized_start=1267
+  _globals['_ACKSTATUS']._serialized_end=1374
   _globals['_TRAJECTORY']._serialized_start=52
-  _globals['_TRAJECTORY']._serialized_end=493
-  _globals['_CREDITREQUEST']._serialized_start=495
-  _globals['_CREDITREQUEST']._serialized_end=524
-  _globals['_CREDITGRANT']._serialized_start=526
-  _globals['_CREDITGRANT']._serialized_end=629
-  _globals['_CHUNK']._serialized_start=631
-  _globals['_CHUNK']._serialized_end=726
-  _globals['_TRAJECTORYBATCH']._serialized_start=728
-  _globals['_TRAJECTORYBATCH']._serialized_end=793
-  _globals['_PUSHREQUEST']._serialized_start=796
-  _globals['_PUSHREQUEST']._serialized_end=958
-  _globals['_ACK']._serialized_start=960
-  _globals['_ACK']._serialized_end=1045
-  _globals['_PUSHRESPONSE']._serialized_start=1047
-  _globals['_PUSHRESPONSE']._serialized_end=1136
-  _globals['_TRAJECTORYSERVICE']._serialized_start=1349
-  _globals['_TRAJECTORYSERVICE']._serialized_end=1435
+  _globals['_TRAJECTORY']._serialized_end=520
+  _globals['_CREDITREQUEST']._serialized_start=522
+  _globals['_CREDITREQUEST']._serialized_end=551
+  _globals['_CREDITGRANT']._serialized_start=553
+  _globals['_CREDITGRANT']._serialized_end=656
+  _globals['_CHUNK']._serialized_start=658
+  _globals['_CHUNK']._serialized_end=753
+  _globals['_TRAJECTORYBATCH']._serialized_start=755
+  _globals['_TRAJECTORYBATCH']._serialized_end=820
+  _globals['_PUSHREQUEST']._serialized_start=823
+  _globals['_PUSHREQUEST']._serialized_end=985
+  _globals['_ACK']._serialized_start=987
+  _globals['_ACK']._serialized_end=1072
+  _globals['_PUSHRESPONSE']._serialized_start=1074
+  _globals['_PUSHRESPONSE']._serialized_end=1163
+  _globals['_TRAJECTORYSERVICE']._serialized_start=1376
+  _globals['_TRAJECTORYSERVICE']._serialized_end=1462
 # @@protoc_insertion_point(module_scope)

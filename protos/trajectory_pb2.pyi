@@ -35,7 +35,7 @@ ACK_REJECTED: AckStatus
 ACK_STALE: AckStatus
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "group_id", "task_id", "env_name", "policy_version", "horizon", "prompt_ids", "response_ids", "response_mask", "response_logprobs", "rewards", "reward", "num_turns", "terminated", "truncated", "failure", "turn_seconds", "info_json", "turn_spans")
+    __slots__ = ("trajectory_id", "group_id", "task_id", "env_name", "policy_version", "horizon", "prompt_ids", "response_ids", "response_mask", "response_logprobs", "rewards", "reward", "num_turns", "terminated", "truncated", "failure", "turn_seconds", "info_json", "turn_spans", "turn_versions")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class Trajectory(_message.Message):
     TURN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     TURN_SPANS_FIELD_NUMBER: _ClassVar[int]
+    TURN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     group_id: str
     task_id: str
@@ -74,7 +75,8 @@ class Trajectory(_message.Message):
     turn_seconds: _containers.RepeatedScalarFieldContainer[float]
     info_json: str
     turn_spans: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., task_id: _Optional[str] = ..., env_name: _Optional[str] = ..., policy_version: _Optional[int] = ..., horizon: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., rewards: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., failure: _Optional[_Union[Failure, str]] = ..., turn_seconds: _Optional[_Iterable[float]] = ..., info_json: _Optional[str] = ..., turn_spans: _Optional[_Iterable[int]] = ...) -> None: ...
+    turn_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, trajectory_id: _Optional[str] = ..., group_id: _Optional[str] = ..., task_id: _Optional[str] = ..., env_name: _Optional[str] = ..., policy_version: _Optional[int] = ..., horizon: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., rewards: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., failure: _Optional[_Union[Failure, str]] = ..., turn_seconds: _Optional[_Iterable[float]] = ..., info_json: _Optional[str] = ..., turn_spans: _Optional[_Iterable[int]] = ..., turn_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreditRequest(_message.Message):
     __slots__ = ("want",)
