@@ -6,8 +6,9 @@ that beat it, and the training curves, from `bench/long_horizon.py`'s results of
         --out docs/credit/babyai-maze
 
 Every method's results come from the same clones (`bench/long_horizon.py --reuse-warm-start`)
-and the same RL budget. Per method and env label: BC and BC+RL accuracy per seed, the gain's
-mean, the seeds where RL beats BC; per method and seed, the curves of the RL phase from the
+and the same RL budget. Per method and env label (and "all", their mean, where a recipe has
+several): BC and BC+RL accuracy per seed, the gain's mean, the seeds where RL beats BC;
+per method and seed, the curves of the RL phase from the
 run's metrics.jsonl (training success, task groups kept, anchor groups, share of turns with a
 non-zero step-level advantage) and its wall time. Writes OUT/compare.json and OUT/curves.png.
 """
@@ -44,6 +45,14 @@ def method_summary(results: dict, split: str) -> dict:
         out["envs"][env] = {"bc": bc, "bc+rl": rl, "gain_mean": round(statistics.fmean(gains), 4),
                             "rl_mean": round(statistics.fmean(rl), 4),
                             "beats_bc_seeds": sum(g > 0 for g in gains)}
+    if len(envs) > 1:  # every label scored on as many tasks: their mean is the overall rate
+        bc = [statistics.fmean(r["eval"][split]["bc"][e] for e in envs) for r in per_seed.values()]
+        rl = [statistics.fmean(r["eval"][split]["bc+rl"][e] for e in envs)
+              for r in per_seed.values()]
+        gains = [b - a for a, b in zip(bc, rl)]
+        out["envs"]["all"] = {"bc": bc, "bc+rl": rl, "gain_mean": round(statistics.fmean(gains), 4),
+                              "rl_mean": round(statistics.fmean(rl), 4),
+                              "beats_bc_seeds": sum(g > 0 for g in gains)}
     out["curves"] = {seed: curves(Path(r["run_dir"])) for seed, r in per_seed.items()}
     return out
 
@@ -87,7 +96,9 @@ def main() -> None:
         name, folders = item.split("=", 1)
         parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders.split(",")]
         merged = {"command": " ; ".join(r["command"] for r in parts),
-                  "per_seed": {s: r for p in parts for s, r in p["per_seed"].items()}}
+                  "per_seed": dict(sorted(((s, r) for p in parts
+                                           for s, r in p["per_seed"].items()),
+                                          key=lambda x: int(x[0])))}
         summary[name] = method_summary(merged, args.split)
     for name, s in summary.items():
         for env, e in s["envs"].items():

@@ -106,6 +106,7 @@ def test_an_episode_spans_a_weight_update_turn_by_turn(tmp_path):
     assert moved > 1e-3  # the two versions really differ on the turns of version 0
 
 
+@pytest.mark.slow  # ~2 min; the default suite keeps the turn-by-turn check above
 def test_async_driver_with_partial_rollouts(tmp_path, tiny_model_path):
     """The async driver posts every update; rollouts in flight take it between turns. The
     staleness bound holds for each trained episode's oldest turn and the ledger reconciles."""
