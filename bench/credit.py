@@ -22,6 +22,7 @@ from pathlib import Path
 
 from horizonrl.cluster.provenance import command_line
 
+TIE = 1e-9  # a gain below this is a tie (means of equal counts differ by float rounding)
 CURVES = {"success": "success_rate", "groups_kept": "learner/groups_kept",
           "anchor_groups": "learner/anchor_groups",
           "step_adv_nonzero_share": "learner/step_adv_nonzero_share"}
@@ -44,7 +45,7 @@ def method_summary(results: dict, split: str) -> dict:
         gains = [b - a for a, b in zip(bc, rl)]
         out["envs"][env] = {"bc": bc, "bc+rl": rl, "gain_mean": round(statistics.fmean(gains), 4),
                             "rl_mean": round(statistics.fmean(rl), 4),
-                            "beats_bc_seeds": sum(g > 0 for g in gains)}
+                            "beats_bc_seeds": sum(g > TIE for g in gains)}
     if len(envs) > 1:  # every label scored on as many tasks: their mean is the overall rate
         bc = [statistics.fmean(r["eval"][split]["bc"][e] for e in envs) for r in per_seed.values()]
         rl = [statistics.fmean(r["eval"][split]["bc+rl"][e] for e in envs)
@@ -52,7 +53,7 @@ def method_summary(results: dict, split: str) -> dict:
         gains = [b - a for a, b in zip(bc, rl)]
         out["envs"]["all"] = {"bc": bc, "bc+rl": rl, "gain_mean": round(statistics.fmean(gains), 4),
                               "rl_mean": round(statistics.fmean(rl), 4),
-                              "beats_bc_seeds": sum(g > 0 for g in gains)}
+                              "beats_bc_seeds": sum(g > TIE for g in gains)}
     out["curves"] = {seed: curves(Path(r["run_dir"])) for seed, r in per_seed.items()}
     return out
 
