@@ -195,9 +195,10 @@ class AsyncPhase:
             self._reload_seconds.append(t.weights.hand_off(i, t.policy_version))
             self.gen_versions[i] = t.policy_version
         tasks = sample_tasks(t.cfg, self.rollouts)
+        partial = {} if self.board is None else {"board": self.board}
         self.inflight[i] = t.generators[i].rollout.remote(
             tasks, step=self.rollouts, group_size=t.cfg.generator.group_size,
-            setting=ray.get(t.curriculum.setting.remote()), board=self.board)
+            setting=ray.get(t.curriculum.setting.remote()), **partial)
         self.rollouts += 1
 
     def gather(self, step: int) -> Gathered:
