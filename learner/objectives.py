@@ -108,11 +108,12 @@ def mismatch_stats(learner_logprobs: Tensor, behaviour_logprobs: Tensor, mask: T
     m = mask.float()
     n = m.sum().clamp_min(1)
     lr = (learner_logprobs - behaviour_logprobs) * m
+    ratio = torch.exp(lr)
     out = {"mismatch_log_ratio_abs_mean": lr.abs().sum() / n,
            "mismatch_log_ratio_abs_max": lr.abs().max() if m.any() else torch.zeros(()),
-           "mismatch_kl": ((torch.exp(lr) - 1 - lr) * m).sum() / n}
+           "mismatch_kl": ((ratio - 1 - lr) * m).sum() / n}
     if cap is not None:
-        out["mismatch_truncated_share"] = ((torch.exp(lr) > cap).float() * m).sum() / n
+        out["mismatch_truncated_share"] = ((ratio > cap).float() * m).sum() / n
     if keep is not None:
         out["mismatch_masked_share"] = ((1 - keep.float())[:, None] * m).sum() / n
     return {k: v.detach() for k, v in out.items()}

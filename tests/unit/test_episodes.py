@@ -17,7 +17,8 @@ from horizonrl.protos.trajectory import Failure
 
 
 class StaggeredEngine:
-    """Request n finishes after 1 + n % 3 steps with the same reply; counts what it holds."""
+    """Request n finishes after 1 + n % 3 steps with the same reply; counts what it holds.
+    `finish(request_id)` makes the reply (subclasses stamp it: test_turn_versions.py)."""
 
     def __init__(self, reply: list[int]) -> None:
         self.reply, self.live, self.prompts, self.n, self.peak = reply, {}, {}, 0, 0
@@ -28,14 +29,16 @@ class StaggeredEngine:
         self.n += 1
         self.peak = max(self.peak, len(self.live))
 
+    def finish(self, request_id) -> Completion:
+        return Completion(tuple(self.reply), (-0.5,) * len(self.reply), "stop")
+
     def step(self):
         out = []
         for rid in list(self.live):
             self.live[rid] -= 1
             if self.live[rid] == 0:
                 del self.live[rid]
-                out.append((rid, Completion(tuple(self.reply), (-0.5,) * len(self.reply),
-                                            "stop")))
+                out.append((rid, self.finish(rid)))
         return out
 
     def busy(self):

@@ -7,6 +7,7 @@ tests/integration/test_partial_rollouts.py."""
 from __future__ import annotations
 
 import pytest
+from test_episodes import StaggeredEngine  # the same dir's stand-in
 
 from horizonrl.actors.curriculum import HorizonSetting
 from horizonrl.actors.episodes import Episode, IndependentEpisodes
@@ -106,35 +107,22 @@ def test_staleness_counts_the_oldest_turn():
     assert [t.trajectory_id for t in stale] == ["mixed"]  # its first turn is 2 versions behind
 
 
-class VersionedEngine:
-    """Continuous batching stand-in: request n finishes after 1 + n % 3 steps; its reply's
-    logprobs say which weights it was sampled with (-(1 + version)). Raises if the weights
-    change while a request is in flight."""
+class VersionedEngine(StaggeredEngine):
+    """StaggeredEngine whose reply's logprobs say which weights it was sampled with
+    (-(1 + version)); raises if the weights change while a request is in flight."""
 
     def __init__(self, reply):
-        self.reply, self.live, self.n, self.version = reply, {}, 0, 0
+        super().__init__(reply)
+        self.version, self.sampled_by = 0, {}
 
     def submit(self, request_id, prompt, *, max_tokens, temperature):
-        self.live[request_id] = [1 + self.n % 3, self.version]
-        self.n += 1
+        super().submit(request_id, prompt, max_tokens=max_tokens, temperature=temperature)
+        self.sampled_by[request_id] = self.version
 
-    def step(self):
-        out = []
-        for rid in list(self.live):
-            self.live[rid][0] -= 1
-            if self.live[rid][0] == 0:
-                _, v = self.live.pop(rid)
-                assert v == self.version, "a turn was sampled across a weight change"
-                out.append((rid, Completion(tuple(self.reply),
-                                            (-(1.0 + v),) * len(self.reply), "stop")))
-        return out
-
-    def busy(self):
-        return bool(self.live)
-
-    def abort(self, request_ids):
-        for rid in request_ids:
-            self.live.pop(rid, None)
+    def finish(self, request_id):
+        v = self.sampled_by.pop(request_id)
+        assert v == self.version, "a turn was sampled across a weight change"
+        return Completion(tuple(self.reply), (-(1.0 + v),) * len(self.reply), "stop")
 
 
 def test_independent_loop_switches_weights_between_turns_only(tokenizer):
