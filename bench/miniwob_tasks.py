@@ -12,6 +12,7 @@ the env's default set unless `--tasks` names the one the config used.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from collections import defaultdict
@@ -24,13 +25,15 @@ from horizonrl.envpool.miniwob_tasks import TASKS
 
 def per_task(folder: Path, tasks: tuple[str, ...]) -> dict:
     """{model: {task: [success rate per seed]}} over every seed's eval episodes."""
-    files = sorted(folder.glob("eval/seed*-eval/episodes.jsonl"))
+    # As cluster/evaluate.py writes them, or gzipped as docs/ keeps them.
+    files = sorted(folder.glob("eval/seed*-eval/episodes.jsonl*"))
     if not files:
-        raise SystemExit(f"{folder}: no eval/seed*-eval/episodes.jsonl")
+        raise SystemExit(f"{folder}: no eval/seed*-eval/episodes.jsonl[.gz]")
     rates: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for f in files:
         wins: dict[tuple[str, str], list[bool]] = defaultdict(list)
-        for line in f.read_text().splitlines():
+        raw = f.read_bytes()
+        for line in (gzip.decompress(raw) if f.suffix == ".gz" else raw).decode().splitlines():
             ep = json.loads(line)
             if ep.get("failure"):
                 continue
