@@ -2,6 +2,7 @@
 same math on the same batch, for two model sizes, as ratios in one run.
 
     .venv/bin/python bench/learner.py [--sizes tiny 256x4] [--warmup 2] [--steps 5]
+    .venv/bin/python bench/learner.py layouts --out F   (row layouts: bench/learner_layouts.py)
 
 Each learner gets the same synthetic batch: `--trajectories` multi-turn episodes of about
 `--tokens` tokens (a masked prompt, then model spans and masked env spans in turn), in GRPO groups
@@ -42,6 +43,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -300,6 +302,12 @@ def table(rows: list[Timing]) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["layouts"]:  # learner.layout throughput: bench/learner_layouts.py
+        sys.argv.pop(1)
+        sys.path.insert(0, str(Path(__file__).parent))
+        from learner_layouts import main as layouts
+
+        return layouts()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["tiny", "256x4"],
                     help="'tiny' (the cached tiny model) or HIDDENxLAYERS (random-init Qwen2)")

@@ -213,11 +213,15 @@ def model_shape(cfg: RunConfig):
 def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
     """Print the per-GPU memory plan; False when a role needs more than `gpu_gib`."""
     from horizonrl.cluster.memory_plan import format_plan, memory_plan
+    from horizonrl.learner.layout import DEFAULT_BUDGET
 
     g, learner = cfg.generator, cfg.learner
     episodes = g.tasks_per_step * g.group_size
     rows_per_micro = max(1, episodes // (learner.world_size * learner.minibatches))
-    tokens = learner.micro_batch_tokens or rows_per_micro * g.max_context_tokens
+    if learner.layout == "padded":
+        tokens = learner.micro_batch_tokens or rows_per_micro * g.max_context_tokens
+    else:  # a token budget per pass, never below one row of the full context
+        tokens = max(learner.micro_batch_tokens or DEFAULT_BUDGET, g.max_context_tokens)
     shape = model_shape(cfg)
     # The plan is per GPU, and `auto` means bf16 on the GPUs it is for (Ampere and later).
     plans = memory_plan(

@@ -201,7 +201,8 @@ def loss_units(batch: dict[str, np.ndarray], *, token_mean: bool) -> np.ndarray:
 
 
 def shard_episodes(batch: dict[str, np.ndarray], rows_per_episode: Sequence[int], *,
-                   ranks: int, minibatches: int, token_mean: bool) -> list[dict[str, np.ndarray]]:
+                   ranks: int, minibatches: int, token_mean: bool,
+                   balance: bool = False) -> list[dict[str, np.ndarray]]:
     """One update's rows -> a shard per rank, dealt by whole episodes.
 
     Episodes go to ranks and then to each rank's minibatches as contiguous near-equal runs
@@ -211,6 +212,10 @@ def shard_episodes(batch: dict[str, np.ndarray], rows_per_episode: Sequence[int]
     `step_units` (the step's units summed over every rank): ranks normalise by the whole
     step's count, so the loss does not depend on how its rows were split (LearnerWorker._step).
     `batch` holds the rows of episode 0, then of episode 1, ...
+
+    `balance`: each optimizer step keeps the same episodes, but they are dealt to ranks by
+    token count (longest first, to the rank with the fewest tokens so far), so no rank waits
+    at the step's all-reduce for one that drew the long episodes. The loss is unchanged.
     """
     counts = np.asarray(rows_per_episode, dtype=np.int64)
     if counts.sum() != len(batch["input_ids"]) or len(counts) < ranks * minibatches:
@@ -221,6 +226,11 @@ def shard_episodes(batch: dict[str, np.ndarray], rows_per_episode: Sequence[int]
     for r, eps in enumerate(np.array_split(np.arange(len(counts)), ranks)):
         for m, part in enumerate(np.array_split(eps, minibatches)):
             slots[part] = r * minibatches + m
+    if balance:
+        tokens = np.bincount(episode, weights=batch["attention_mask"].sum(1),
+                             minlength=len(counts))
+        slots = _balanced_slots(slots % minibatches, tokens, ranks=ranks,
+                                minibatches=minibatches)
     slot = slots[episode]
     units = loss_units(batch, token_mean=token_mean)
     per_step = np.bincount(slot % minibatches, weights=units, minlength=minibatches)
@@ -234,6 +244,22 @@ def shard_episodes(batch: dict[str, np.ndarray], rows_per_episode: Sequence[int]
     return out
 
 
+def _balanced_slots(step: np.ndarray, tokens: np.ndarray, *, ranks: int,
+                    minibatches: int) -> np.ndarray:
+    """Slot (rank * minibatches + step) per episode: each step's episodes over the ranks by
+    longest-processing-time-first on their tokens (every rank gets one: a step has at least
+    `ranks` episodes, and the first `ranks` go to empty ranks)."""
+    slots = np.empty(len(step), dtype=np.int64)
+    for m in range(minibatches):
+        load = np.zeros(ranks)
+        eps = np.flatnonzero(step == m)
+        for e in eps[np.argsort(-tokens[eps], kind="stable")]:
+            r = int(np.argmin(load))
+            load[r] += tokens[e]
+            slots[e] = r * minibatches + m
+    return slots
+
+
 def split_minibatches(shard: dict[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
     """A rank's shard from `shard_episodes` -> its `count` minibatches, in step order."""
     step = shard["minibatch"]
@@ -244,20 +270,3 @@ def trim(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Drop padding columns that no row uses (a shard's longest row sets its width)."""
     width = int(batch["attention_mask"].sum(1).max())
     return {k: v[:, :width] if v.ndim == 2 else v for k, v in batch.items()}
-
-
-def micro_batches(batch: dict[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
-    """`count` trimmed row slices of `batch` (some may be empty when rows < count)."""
-    rows = np.array_split(np.arange(len(batch["input_ids"])), count)
-    return [trim({k: v[r] for k, v in batch.items()}) if len(r) else {} for r in rows]
-
-
-def micro_batch_count(batch: dict[str, np.ndarray], token_budget: int) -> int:
-    """How many micro-batches keep each under `token_budget` padded tokens (rows x width);
-    1 when the budget is 0 (off). A single row over the budget still gets its own."""
-    rows = len(batch["input_ids"])
-    if token_budget <= 0 or rows == 0:
-        return 1
-    width = int(batch["attention_mask"].sum(1).max())
-    per_micro = max(1, token_budget // max(width, 1))
-    return -(-rows // per_micro)

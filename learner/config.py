@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from horizonrl.protos.placement import CustomResources
 
@@ -112,8 +112,18 @@ class LearnerConfig(BaseModel):
     lr_decay_steps: int = Field(1000, ge=1, description="Cosine: optimizer steps to decay over.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine: final lr / peak lr.")
     micro_batch_tokens: int = Field(
-        0, ge=0, description="Split each minibatch into micro-batches of at most this many "
-        "padded tokens (gradient accumulation); 0: one micro-batch per minibatch.")
+        0, ge=0, description="Token budget of a micro-batch (gradient accumulation): at most "
+        "this many tokens computed per forward pass, padding included; a longer row gets one "
+        "of its own. 0: 8192 for the bucketed, packed and shared_prefix layouts, one "
+        "micro-batch per minibatch for padded.")
+    layout: Literal["auto", "padded", "bucketed", "packed", "shared_prefix"] = Field(
+        "auto", description="How a rank's rows become forward passes (learner.layout, "
+        "docs/learner.md); all give the same loss and gradients. padded: consecutive rows "
+        "padded to the longest; bucketed: rows sorted by length into micro-batches of the "
+        "token budget, episodes dealt to ranks by tokens; packed: a micro-batch's rows in one "
+        "sequence, attention kept per row (pays off with flash-attention's varlen kernel, not "
+        "on CPU); shared_prefix: window-mode turn rows run their episode's prompt once. auto: "
+        "shared_prefix for turn rows, else bucketed.")
     dynamic_sampling: bool = Field(
         False, description="Keep sampling more task groups until the batch holds "
         "tasks_per_step groups with reward variance (DAPO-style); bounded by "
@@ -205,6 +215,15 @@ class LearnerConfig(BaseModel):
 
         estimator_class(name)  # ValueError naming the registered ones
         return name
+
+    @model_validator(mode="after")
+    def _layout(self) -> LearnerConfig:
+        from horizonrl.learner.layout import resolve_layout
+
+        # The layout's own check, on turn rows, so a bad pairing fails at load, not mid-run.
+        resolve_layout(self.layout, {"episode": None}, zero_stage=self.zero_stage,
+                       checkpointing=self.gradient_checkpointing)
+        return self
 
 
 def rank_bundle(cfg: LearnerConfig) -> dict[str, float]:

@@ -19,7 +19,32 @@ from horizonrl.learner.credit import Estimator, groups_with_signal, make_estimat
 from horizonrl.learner.worker import LearnerWorker
 from horizonrl.protos.trajectory import Trajectory
 
-__all__ = ["LearnerGroup", "PlacementTimeout", "advantage_stats", "groups_with_signal"]
+__all__ = ["LearnerGroup", "PlacementTimeout", "advantage_stats", "combine_ranks",
+           "groups_with_signal"]
+
+
+# Per-rank figures that are not means over the rank's loss units: averaged over ranks as-is.
+_RANK_FIGURES = frozenset({"learn_seconds", "micro_batches", "grad_norm", "lr"})
+
+
+def combine_ranks(results: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The ranks' `train` metrics as one step's: `_max` keys the largest, the objectives'
+    means weighted by each rank's loss units (tokens or episode shares), so the reported loss
+    is the step's global mean whatever rows each rank drew; the rest averaged over ranks."""
+    units = np.array([r.get("loss_units", 1.0) for r in results], dtype=np.float64)
+    weights = units / units.sum() if units.sum() > 0 else np.full(len(units), 1 / len(units))
+    out = {}
+    for k in results[0]:
+        per_rank = np.array([r[k] for r in results], dtype=np.float64)
+        if k == "loss_units":
+            continue
+        if k.endswith("_max"):
+            out[k] = float(per_rank.max())
+        elif k in _RANK_FIGURES:
+            out[k] = float(per_rank.mean())
+        else:
+            out[k] = float(weights @ per_rank)
+    return out
 
 
 def advantage_stats(advantages: np.ndarray, loss_mask: np.ndarray) -> dict[str, float]:
@@ -134,11 +159,10 @@ class LearnerGroup:
         stats["tokens_trained"] = float(batch["loss_mask"].sum())
         shards = shard_episodes(batch, [t.rows for t in kept], ranks=self.cfg.world_size,
                                 minibatches=self.cfg.minibatches,
-                                token_mean=self.cfg.loss_agg == "token-mean")
+                                token_mean=self.cfg.loss_agg == "token-mean",
+                                balance=self.cfg.layout != "padded")
         results = ray.get([w.train.remote(s) for w, s in zip(self.workers, shards)])
-        for k in results[0]:
-            per_rank = [r[k] for r in results]
-            stats[k] = float(np.max(per_rank) if k.endswith("_max") else np.mean(per_rank))
+        stats.update(combine_ranks(results))
         return stats
 
     def _rejection_sampling(self, trajs: Sequence[Trajectory]) -> dict[str, float]:

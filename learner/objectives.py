@@ -20,8 +20,15 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
     weighted by `mb["is_weights"]` where the caller computed them (rollout_correction), aggregated
     by `cfg.loss_agg`, plus `kl_coef` x KL to the reference (unless the KL went into the
     rewards) minus `entropy_coef` x entropy. Returns (loss, detached stats)."""
-    ids, mask = mb["input_ids"], mb["loss_mask"]
-    logp = alg.token_logprobs(logits, ids)
+    return policy_loss(alg.token_logprobs(logits, mb["input_ids"]),
+                       alg.entropy_from_logits(logits), mb, cfg, ref_logprobs=ref_logprobs)
+
+
+def policy_loss(logp: Tensor, entropy: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, *,
+                ref_logprobs: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """`policy_objective` from the rows' token logprobs and entropies (`[B, T]`, aligned like
+    `algorithms.token_logprobs`), however the forward pass laid the rows out (learner.layout)."""
+    mask = mb["loss_mask"]
     # Decoupled PPO (off-policy batches): the trust region is around the learner's own
     # pre-update policy ("prox"), and the gap to the behaviour policy that sampled the tokens
     # is corrected by a truncated importance weight.
@@ -42,7 +49,7 @@ def policy_objective(logits: Tensor, mb: dict[str, Tensor], cfg: LearnerConfig, 
         kl = alg.masked_mean(alg.kl_penalty(logp, ref_logprobs, cfg.kl_estimator), mask)
         if not cfg.kl_in_reward:
             loss = loss + cfg.kl_coef * kl
-    entropy = alg.masked_mean(alg.entropy_from_logits(logits), mask)
+    entropy = alg.masked_mean(entropy, mask)
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * entropy
     with torch.no_grad():

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from horizonrl.learner import algorithms as alg
-from horizonrl.learner.batch import micro_batch_count, micro_batches, split_minibatches, trim
+from horizonrl.learner.batch import split_minibatches, trim
 from horizonrl.learner.config import LearnerConfig
 from horizonrl.learner.engine_setup import (
     compute_dtype,
@@ -29,8 +29,9 @@ from horizonrl.learner.engine_setup import (
     lr_factor,
     save_engines,
 )
+from horizonrl.learner.layout import rank_plan, token_logprobs_by_layout
 from horizonrl.learner.objectives import (
-    policy_objective,
+    policy_loss,
     rollout_correction,
     turn_gae_targets,
     value_objective,
@@ -169,13 +170,9 @@ class LearnerWorker:
         out = {k: v[0] if k.startswith("mismatch_") else float(np.mean(v))
                for k, v in stats.items()}
         out.update(mismatch)
+        out["loss_units"] = float(shard["loss_units"].sum())  # the group weighs ranks by it
         out["learn_seconds"] = time.perf_counter() - t0
         return out
-
-    def _sampling_logits(self, model: Any, ids: torch.Tensor) -> torch.Tensor:
-        """`model`'s logits scaled by the sampling temperature, as the RL objectives use them."""
-        logits = model(input_ids=ids).logits
-        return logits if self.temperature == 1.0 else logits / self.temperature
 
     def _tensors(self, mb: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         # Arrays from Ray's object store are read-only; torch warns on every such view, and a
@@ -183,19 +180,29 @@ class LearnerWorker:
         return {k: torch.from_numpy(np.require(v, requirements="W")).to(self.engine.device)
                 for k, v in mb.items()}
 
-    def _micro_count(self, mb: dict[str, np.ndarray]) -> int:
-        """Micro-batches for this minibatch, the same on every rank (ZeRO-3 gathers and the
-        boundary reduction are collective, so every rank must run as many passes)."""
+    def _plan(self, mb: dict[str, np.ndarray]) -> tuple[str, list[np.ndarray | None]]:
+        """The layout and each micro-batch's rows (None: a zero-weight pass), as many on every
+        rank (ZeRO-3 gathers and the boundary reduction are collective)."""
         import torch.distributed as dist
 
-        n = torch.tensor([micro_batch_count(mb, self.cfg.micro_batch_tokens)])
-        if dist.is_initialized() and self.world_size > 1:
-            dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        return int(n.item())
+        def most(n: int) -> int:  # the largest count over the ranks
+            x = torch.tensor([n])
+            if dist.is_initialized() and self.world_size > 1:
+                dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            return int(x.item())
+
+        return rank_plan(mb, self.cfg.layout, self.cfg.micro_batch_tokens, agree=most,
+                         checkpointing=self.cfg.gradient_checkpointing,
+                         zero_stage=self.cfg.zero_stage)
+
+    def _logprobs(self, model: Any, t: dict[str, torch.Tensor], layout: str, *,
+                  entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return token_logprobs_by_layout(model, t, layout=layout, temperature=self.temperature,
+                                        entropy=entropy)
 
     def _step(self, mb: dict[str, np.ndarray]) -> dict[str, float]:
         """One optimizer step (policy, and critic for PPO) over micro-batches of `mb`."""
-        micros = micro_batches(mb, self._micro_count(mb))
+        layout, plan = self._plan(mb)
         # A micro-batch's loss is a mean over its own units (tokens or episode shares); times
         # its units over the whole step's, on every rank, it is its part of one global mean.
         # DeepSpeed averages the ranks' gradients, hence x world_size.
@@ -203,24 +210,25 @@ class LearnerWorker:
         local = float(mb["loss_units"].sum())  # the metrics stay this rank's means
         train_policy = self.critic is None or self.updates >= self.cfg.critic_warmup_steps
         stats: dict[str, float] = {}
-        for i, micro in enumerate(micros):
-            last = i == len(micros) - 1
-            if not micro:  # fewer rows than passes here: a zero-weight pass on the first row
-                micro, units = trim({k: v[:1] for k, v in mb.items()}), 0.0
+        for i, rows in enumerate(plan):
+            last = i == len(plan) - 1
+            if rows is None:  # fewer rows than passes here: a zero-weight pass, 2 tokens long
+                micro, units, how = {k: v[:1, :2] if v.ndim == 2 else v[:1]
+                                     for k, v in mb.items()}, 0.0, "padded"
             else:
-                units = float(micro["loss_units"].sum())
+                micro = trim({k: v[rows] for k, v in mb.items()})
+                units, how = float(micro["loss_units"].sum()), layout
             weight = units * scale
             t = self._tensors(micro)
             self.engine.set_gradient_accumulation_boundary(last)
             # Rows are right-padded and attention is causal, so padding never reaches a real
             # token: no attention mask, which keeps SDPA on its fast causal path.
-            logits = self._sampling_logits(self.engine, t["input_ids"])
+            logp, ent = self._logprobs(self.engine, t, how)
             ref_logp = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref_logp = alg.token_logprobs(self._sampling_logits(self.ref, t["input_ids"]),
-                                                  t["input_ids"])
-            loss, st = policy_objective(logits, t, self.cfg, ref_logprobs=ref_logp)
+                    ref_logp = self._logprobs(self.ref, t, how, entropy=False)[0]
+            loss, st = policy_loss(logp, ent, t, self.cfg, ref_logprobs=ref_logp)
             self.engine.backward(loss * (weight if train_policy else 0.0))
             st["loss"] = loss.detach()
             if self.critic is not None:
@@ -239,7 +247,7 @@ class LearnerWorker:
         self.updates += 1
         grad_norm = self.engine.get_global_grad_norm()
         stats.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
-                     lr=float(self.engine.get_lr()[0]), micro_batches=float(len(micros)))
+                     lr=float(self.engine.get_lr()[0]), micro_batches=float(len(plan)))
         return stats
 
     def train_aux(self, kind: str, shard: dict[str, np.ndarray]) -> dict[str, float]:
@@ -263,18 +271,19 @@ class LearnerWorker:
         per-token weights (`is_weights`: TIS with the decoupled loss, sequence masking with
         seq_mask_band) and the mismatch statistics over the whole shard."""
         self.engine.eval()
-        prox = []
-        for micro in micro_batches(shard, self._micro_count(shard)):
-            if not micro:  # fewer rows than passes here: a throwaway pass keeps ZeRO-3 in step
-                self.engine(input_ids=self._tensors({"input_ids": shard["input_ids"][:1]})[
+        layout, plan = self._plan(shard)
+        prox = np.zeros(shard["input_ids"].shape, dtype=np.float32)
+        for rows in plan:
+            if rows is None:  # fewer rows than passes here: a throwaway pass keeps ZeRO-3 in step
+                self.engine(input_ids=self._tensors({"input_ids": shard["input_ids"][:1, :2]})[
                     "input_ids"])
                 continue
-            ids = self._tensors({"input_ids": micro["input_ids"]})["input_ids"]
-            lp = alg.token_logprobs(self._sampling_logits(self.engine, ids), ids).cpu().numpy()
-            prox.append(np.pad(lp, ((0, 0), (0, shard["input_ids"].shape[1] - lp.shape[1]))))
+            t = self._tensors(trim({k: v[rows] for k, v in shard.items()}))
+            lp = self._logprobs(self.engine, t, layout, entropy=False)[0].cpu().numpy()
+            prox[rows, :lp.shape[1]] = lp
         self.engine.train()
         out = dict(shard)
-        out["prox_logprobs"] = (np.concatenate(prox) * shard["loss_mask"]).astype(np.float32)
+        out["prox_logprobs"] = (prox * shard["loss_mask"]).astype(np.float32)
         weights, stats = rollout_correction(
             torch.from_numpy(out["prox_logprobs"]), torch.from_numpy(shard["old_logprobs"]),
             torch.from_numpy(shard["loss_mask"]), tis=bool(self.cfg.decoupled_loss),
@@ -298,8 +307,7 @@ class LearnerWorker:
         mask, rewards = t["loss_mask"], t["token_rewards"].clone()
         old_values = self.critic(t["input_ids"]) * mask
         if self.cfg.kl_in_reward and self.ref is not None:
-            ref_logp = alg.token_logprobs(self._sampling_logits(self.ref, t["input_ids"]),
-                                          t["input_ids"])
+            ref_logp = self._logprobs(self.ref, t, "padded", entropy=False)[0]
             kl = alg.kl_penalty(t["old_logprobs"], ref_logp, "k1")
             rewards = rewards - self.cfg.kl_coef * kl * mask
         if "turn" in t:  # window rows: one value per turn, GAE across the episode's rows

@@ -79,7 +79,7 @@ def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Traj
     """The same updates in one process: one token mean over the whole step (each rank's
     objective weighted by its share of the step's tokens, as the learner normalises by global
     counts), global-norm clipping, torch AdamW, the same LR schedule. The loss it returns is
-    the mean of the ranks' own losses, as the learner reports it."""
+    the step's global mean, as the learner reports it (learner.group.combine_ranks)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -110,7 +110,7 @@ def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Traj
             loss, _ = policy_objective(model(input_ids=t["input_ids"]).logits, t, cfg,
                                        ref_logprobs=ref_logp)
             (loss * float(shard["loss_mask"].sum()) / step_tokens).backward()
-            total += loss.item() / cfg.world_size
+            total += loss.item() * float(shard["loss_mask"].sum()) / step_tokens
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         sched.step()
@@ -183,14 +183,16 @@ def test_precision_and_checkpointing_match_the_fp32_reference(ray_local, batches
         assert diff > 1e-6, "bf16 gave fp32's losses exactly: it did not run in bf16"
 
 
-def test_micro_batches_by_token_budget_give_the_same_update(ray_local, batches, tiny_model_path,
-                                                            tokenizer):
-    """Gradient accumulation over token-budget micro-batches = one big micro-batch."""
+def test_micro_batches_and_layouts_give_the_same_update(ray_local, batches, tiny_model_path,
+                                                        tokenizer):
+    """Gradient accumulation over token-budget micro-batches, bucketed and shared-prefix rows
+    (learner.layout auto) dealt to ranks by tokens = one padded micro-batch per rank."""
+    steps = [batches[0], batches[1], _windowed(batches[2]), _windowed(batches[3])]
     results = []
-    for budget in (0, 60):
-        group = _group(learner_cfg(micro_batch_tokens=budget), tiny_model_path, tokenizer)
+    for kw in ({"layout": "padded"}, {"layout": "auto", "micro_batch_tokens": 60}):
+        group = _group(learner_cfg(**kw), tiny_model_path, tokenizer)
         try:
-            results.append([group.train(b) for b in batches[:3]])
+            results.append([group.train(b) for b in steps])
         finally:
             group.shutdown()
     whole, micro = results

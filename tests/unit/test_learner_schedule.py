@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from horizonrl.learner.batch import micro_batch_count, micro_batches
 from horizonrl.learner.config import LearnerConfig
+from horizonrl.learner.layout import rank_plan
 from horizonrl.learner.worker import lr_factor
 
 
@@ -21,14 +21,16 @@ def test_warmup_then_constant_or_cosine():
     assert math.isclose(lr_factor(12, cfg=cos), 0.1) and math.isclose(lr_factor(99, cfg=cos), 0.1)
 
 
-def test_micro_batches_respect_the_token_budget():
+def test_padded_micro_batches_respect_the_token_budget():
     attn = np.zeros((5, 10), dtype=np.int64)
     attn[:, :8] = 1  # width 8 after trimming
     batch = {"input_ids": np.zeros((5, 10), dtype=np.int64), "attention_mask": attn}
-    assert micro_batch_count(batch, 0) == 1
-    assert micro_batch_count(batch, 16) == 3  # 2 rows of 8 tokens per micro-batch
-    assert micro_batch_count(batch, 4) == 5   # a row over budget still gets its own
-    parts = micro_batches(batch, 3)
-    assert [len(p["input_ids"]) for p in parts] == [2, 2, 1]
-    assert all(p["input_ids"].shape[1] == 8 for p in parts)
-    assert micro_batches(batch, 7)[-1] == {}  # more passes than rows: empty ones
+
+    def sizes(budget: int, agree=lambda n: n) -> list[int | None]:
+        _, plan = rank_plan(batch, "padded", budget, agree=agree)
+        return [None if r is None else len(r) for r in plan]
+
+    assert sizes(0) == [5]
+    assert sizes(16) == [2, 2, 1]  # 2 rows of 8 tokens per micro-batch
+    assert sizes(4) == [1] * 5     # a row over budget still gets its own
+    assert sizes(16, agree=lambda n: 7) == [1] * 5 + [None] * 2  # more passes than rows
