@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 STATE_FILE = "trainer_state.json"
 LEARNER_DIR = "learner"  # DeepSpeed model/optimizer/scheduler partitions + per-rank RNG
 PROBE_FILE = "logprob_probe.json"
+BUFFER_FILE = "phase_buffer.jsonl"  # async: trajectories collected, not yet trained
 # A fixed token sequence whose logprobs the learner records at every checkpoint, so an exported
 # model can be checked against the learner that wrote it (any ids below the tiny vocab work).
 PROBE_IDS = [3, 17, 42, 101, 7, 256, 12, 99, 5, 64, 300, 8, 150, 21, 77, 9]
@@ -34,6 +35,8 @@ class ResumeState:
     curriculum: dict[str, Any]
     base_model_path: str
     learner: dict[str, Any] | None = None  # world_size, zero_stage, algorithm of the saver
+    # The rollout phase's state (async: counter, rollouts in flight) and its untrained buffer.
+    phase: tuple[dict[str, Any], list[Any]] | None = None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -63,11 +66,17 @@ def find_checkpoint(spec: str, *, run_root: str, name: str, seed: int) -> Path |
 
 
 def load_resume(checkpoint: Path) -> ResumeState:
+    from horizonrl.protos.codec import from_json_line
+
     state = json.loads((checkpoint / STATE_FILE).read_text())
+    phase = None
+    if state.get("phase") is not None:
+        lines = (checkpoint / BUFFER_FILE).read_text().splitlines()
+        phase = (state["phase"], [from_json_line(x) for x in lines if x.strip()])
     return ResumeState(run_dir=checkpoint.parent.parent, checkpoint=checkpoint,
                        step=int(state["step"]), policy_version=int(state["policy_version"]),
                        curriculum=state["curriculum"], base_model_path=state["base_model_path"],
-                       learner=state.get("learner"))
+                       learner=state.get("learner"), phase=phase)
 
 
 def write_state(folder: Path, state: dict[str, Any]) -> None:
@@ -109,12 +118,16 @@ def learner_identity(cfg: LearnerConfig) -> dict[str, Any]:
 
 
 def write_checkpoint(run_dir: Path, learner: Any, *, base_model_path: str,
-                     state: dict[str, Any], keep: int) -> Path:
+                     state: dict[str, Any], keep: int,
+                     buffer: list[Any] | None = None) -> Path:
     """HF model + tokenizer, the learner's optimizer/scheduler/RNG state, `state` (the driver
     and curriculum state) and a logprob probe, under checkpoints/step_N for N = state["step"]
     (renamed into place only when complete); then only the newest `keep` are kept. N counts the
-    updates the weights hold: a resume goes on with step N."""
+    updates the weights hold: a resume goes on with step N. `buffer`: the async phase's
+    untrained trajectories, one JSON line each."""
     import shutil
+
+    from horizonrl.protos.codec import to_json_line
 
     path = run_dir / "checkpoints" / f"step_{state['step']:06d}"
     tmp = path.with_name(path.name + ".tmp")
@@ -124,6 +137,8 @@ def write_checkpoint(run_dir: Path, learner: Any, *, base_model_path: str,
     for f in Path(base_model_path).glob("tokenizer*"):
         shutil.copy(f, tmp / f.name)
     write_probe(tmp, PROBE_IDS, learner.score([PROBE_IDS])[0], learner.dtype)
+    if buffer is not None:
+        (tmp / BUFFER_FILE).write_text("".join(to_json_line(t) + "\n" for t in buffer))
     write_state(tmp, state)
     if path.exists():  # the same step saved again (a resumed run that had finished)
         shutil.rmtree(path)

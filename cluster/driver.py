@@ -73,6 +73,7 @@ class Trainer:
         self.base_model_path = resume.base_model_path if resume else base
         self.model_path = str(resume.checkpoint) if resume else base
         self.step_count = resume.step if resume else 0
+        self.resume_phase = resume.phase if resume else None  # read by the rollout phase
         self.policy_version = resume.policy_version if resume else 0
         self.generator_restarts = 0
         self.ingest, self.ingest_address, self.ingest_token = open_ingest(cfg.learner.ingest)
@@ -330,13 +331,14 @@ class Trainer:
         """checkpoints/step_N of the steps done so far (cluster/checkpoints.py)."""
         import ray
 
+        phase, buffer = self.phase.state() or (None, None)
         return write_checkpoint(
             self.run_dir, self.learner, base_model_path=self.base_model_path,
-            keep=self.cfg.keep_checkpoints,
+            keep=self.cfg.keep_checkpoints, buffer=buffer,
             state={"step": self.step_count, "policy_version": self.policy_version,
                    "curriculum": ray.get(self.curriculum.get_state.remote()),
                    "base_model_path": self.base_model_path,
-                   "learner": learner_identity(self.cfg.learner)})
+                   "learner": learner_identity(self.cfg.learner), "phase": phase})
 
     def close(self) -> None:
         self.phase.close()

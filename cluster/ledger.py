@@ -12,7 +12,9 @@ Fates:
   buffered when the run ended), `overlong` (cut by the context limit or the horizon under
   `learner.overlong=mask`; under `penalty` such an episode is trained, with the lowered reward).
 Episodes that died with their generator before they had an id are counted apart
-(`generator_error`): they were re-issued, so they are not lost work but not ids either.
+(`generator_error`): they were re-issued, so they are not lost work but not ids either. So are
+the episodes of async rollouts in flight at the checkpoint a run resumed from (`resampled`):
+they never got ids in the ledger, and the resumed run generates them again, same tasks.
 
 The ledger appends one JSON line per fate to <run>/ledger.jsonl and keeps a summary in
 <run>/ledger.json; a run whose counts do not reconcile says so loudly at the end.
@@ -40,6 +42,7 @@ class Ledger:
         # Episodes lost with their generator before they were pushed (no id), per step: a
         # resume drops the counts of the steps it re-runs, as it drops their lines.
         self.generator_error_by_step: dict[int, int] = {}
+        self.resampled_by_step: dict[int, int] = {}  # async resume: in-flight episodes re-run
         self._log = (run_dir / "ledger.jsonl").open("a") if run_dir is not None else None
         self._path = run_dir / "ledger.json" if run_dir is not None else None
 
@@ -64,8 +67,10 @@ class Ledger:
             led.fate[x["id"]] = x["fate"]
         summary = run_dir / "ledger.json"
         if summary.exists():
-            by_step = json.loads(summary.read_text()).get("generator_error_by_step", {})
-            led.generator_error_by_step = {int(k): n for k, n in by_step.items() if int(k) < step}
+            saved = json.loads(summary.read_text())
+            for key in ("generator_error_by_step", "resampled_by_step"):
+                setattr(led, key, {int(k): n for k, n in saved.get(key, {}).items()
+                                   if int(k) < step})
         return led
 
     def add_generated(self, ids: Iterable[str]) -> None:
@@ -85,6 +90,11 @@ class Ledger:
     def add_generator_error(self, episodes: int, step: int) -> None:
         """Episodes that died with their generator before they were pushed (no id)."""
         self.generator_error_by_step[step] = self.generator_error_by_step.get(step, 0) + episodes
+
+    def add_resampled(self, episodes: int, step: int) -> None:
+        """Episodes of rollouts in flight at the checkpoint, issued again by the resumed run."""
+        if episodes:
+            self.resampled_by_step[step] = self.resampled_by_step.get(step, 0) + episodes
 
     @property
     def generator_error(self) -> int:
@@ -109,6 +119,7 @@ class Ledger:
                 "dropped": {r: n for r, n in dropped.items() if n},
                 "dropped_total": sum(dropped.values()), "unaccounted": len(unaccounted),
                 "generator_error_episodes": self.generator_error,
+                "resampled_episodes": sum(self.resampled_by_step.values()),
                 "conflicts": len(self.conflicts),
                 "reconciled": not unaccounted and not self.conflicts}
 
@@ -119,6 +130,7 @@ class Ledger:
             self._log.flush()
             self._path.write_text(json.dumps(
                 {**s, "generator_error_by_step": self.generator_error_by_step,
+                 "resampled_by_step": self.resampled_by_step,
                  "conflict_examples": self.conflicts[:20]}, indent=2))
         return s
 

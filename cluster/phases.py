@@ -23,8 +23,12 @@ The learner takes the oldest `tasks_per_step` whole groups from the buffer, drop
 more than `max_staleness` versions behind (and counts them), and trains with the decoupled loss
 (learner.decoupled_loss), whose truncated importance weights correct for the lag. Which
 trajectories land in which update depends on timing, so an async run is not bit-for-bit
-reproducible, and `--resume` restores weights, optimizer and curriculum but not the in-flight
-rollouts (they are re-generated).
+reproducible. A checkpoint holds the phase too (`state`): the rollout counter, the buffer and
+which rollouts were in flight. `--resume` reloads the buffer and re-issues the rollouts that
+were in flight with their own task seeds and group ids before any new one; their episodes
+(half-finished ones of partial rollouts included: env and KV state are not saved) are generated
+again from the first turn and counted in the ledger as resampled, so nothing is lost or trained
+twice across a stop or a kill.
 
 In both modes each rollout call carries the curriculum's horizon in force when it is handed
 out (`CurriculumActor.setting`): a change at a tick applies from the next rollout on, and
@@ -63,6 +67,9 @@ class RolloutPhase(Protocol):
 
     def close(self) -> None:
         """Before the trainer tears its actors down."""
+
+    def state(self) -> tuple[dict[str, Any], list[Trajectory]] | None:
+        """What a checkpoint must hold for a resume to lose nothing (None: nothing)."""
 
 
 def make_phase(trainer: Trainer) -> RolloutPhase:
@@ -157,6 +164,9 @@ class SyncPhase:
     def close(self) -> None:
         pass  # nothing in flight between steps
 
+    def state(self) -> None:
+        return None  # a step's tasks follow from (seed, step): nothing else to keep
+
 
 def split_stale(trajs: list[Trajectory], version: int,
                 max_staleness: int) -> tuple[list[Trajectory], list[Trajectory]]:
@@ -176,6 +186,8 @@ class AsyncPhase:
         self.gen_versions = [trainer.policy_version] * len(trainer.generators)
         self.buffer: list[Trajectory] = []
         self.rollouts = 0  # rollout calls issued: seeds the task draw of each
+        self.rollout_of: dict[int, int] = {}  # generator index -> the rollout it has in flight
+        self.pending: list[int] = []  # rollouts in flight at the checkpoint: issued first
         self._reload_seconds: list[Any] = []  # ObjectRefs of hand-offs not yet reported
         self.board = None  # partial rollouts: where new versions reach rollouts in flight
         if trainer.cfg.generator.partial_rollouts:
@@ -184,6 +196,24 @@ class AsyncPhase:
             from horizonrl.actors.policy_board import PolicyBoard
 
             self.board = ray.remote(num_cpus=0)(PolicyBoard).remote()
+        if trainer.resume_phase is not None:
+            self._restore(*trainer.resume_phase)
+
+    def state(self) -> tuple[dict[str, Any], list[Trajectory]]:
+        return ({"rollouts": self.rollouts,
+                 "in_flight": sorted([*self.rollout_of.values(), *self.pending])},
+                list(self.buffer))
+
+    def _restore(self, state: dict[str, Any], buffer: list[Trajectory]) -> None:
+        """Continue the checkpoint's phase: its buffer back (the ledger had not settled it),
+        its rollouts in flight re-issued first, counted as resampled."""
+        t = self.t
+        self.rollouts, self.pending = int(state["rollouts"]), list(state["in_flight"])
+        self.buffer = list(buffer)
+        t.ledger.add_generated(tr.trajectory_id for tr in self.buffer)
+        g = t.cfg.generator
+        t.ledger.add_resampled(len(self.pending) * g.tasks_per_step * g.group_size,
+                               t.step_count)
 
     def _submit(self, i: int) -> None:
         """Give generator i the newest weights (if it lags) and its next rollout, which
@@ -194,12 +224,15 @@ class AsyncPhase:
         if self.gen_versions[i] < t.policy_version:
             self._reload_seconds.append(t.weights.hand_off(i, t.policy_version))
             self.gen_versions[i] = t.policy_version
-        tasks = sample_tasks(t.cfg, self.rollouts)
+        if self.pending:  # one that was in flight at the checkpoint: the same tasks again
+            r = self.pending.pop(0)
+        else:
+            r, self.rollouts = self.rollouts, self.rollouts + 1
         partial = {} if self.board is None else {"board": self.board}
         self.inflight[i] = t.generators[i].rollout.remote(
-            tasks, step=self.rollouts, group_size=t.cfg.generator.group_size,
+            sample_tasks(t.cfg, r), step=r, group_size=t.cfg.generator.group_size,
             setting=ray.get(t.curriculum.setting.remote()), **partial)
-        self.rollouts += 1
+        self.rollout_of[i] = r
 
     def gather(self, step: int) -> Gathered:
         """Wait until the buffer holds `tasks_per_step` whole groups; take the oldest."""
@@ -250,6 +283,7 @@ class AsyncPhase:
             raise RuntimeError(f"no generator finished a rollout within {limit}s")
         i = by_ref[ready[0]]
         del self.inflight[i]
+        self.rollout_of.pop(i, None)
         try:
             out = ray.get(ready[0])
             # Partial rollouts: the generator may have taken newer weights mid-rollout.

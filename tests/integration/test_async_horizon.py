@@ -74,6 +74,7 @@ def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(
         ray.get(curriculum.register.remote("gen0", gen))
         trainer = SimpleNamespace(
             cfg=cfg, generators=[gen], curriculum=curriculum, policy_version=0, step_count=0,
+            resume_phase=None,
             collect=lambda ids: ([_trajectory(i) for i in ids], []),
             ledger=SimpleNamespace(add_dropped=lambda *a: None))
         phase = AsyncPhase(trainer)

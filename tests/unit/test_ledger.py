@@ -19,6 +19,7 @@ def test_reconciles_when_every_id_has_one_fate(tmp_path):
     s = led.close()
     assert s == {"generated": 4, "trained": 2, "dropped": {"env_error": 1, "zero_variance": 1},
                  "dropped_total": 2, "unaccounted": 0, "generator_error_episodes": 3,
+                 "resampled_episodes": 0,
                  "conflicts": 0, "reconciled": True}
     assert json.loads((tmp_path / "ledger.json").read_text())["reconciled"] is True
     assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 4
@@ -64,3 +65,18 @@ def test_resume_drops_generator_errors_of_the_re_run_steps(tmp_path):
     led.add_generator_error(8, step=2)  # step 2 is re-run after the resume: not counted twice
     led.close()
     assert Ledger.resume(tmp_path, step=2).summary()["generator_error_episodes"] == 4
+
+
+def test_resampled_episodes_count_once_per_resume_of_a_step(tmp_path):
+    led = Ledger(tmp_path)
+    led.add_resampled(4, step=1)  # a resume at step 1 re-issued one rollout of 4 episodes
+    led.add_resampled(0, step=2)
+    led.close()
+    again = Ledger.resume(tmp_path, step=3)
+    assert again.summary()["resampled_episodes"] == 4
+    again.add_resampled(4, step=3)
+    again.close()
+    # Killed again and resumed from step 3's checkpoint: that step's count is replaced.
+    third = Ledger.resume(tmp_path, step=3)
+    third.add_resampled(4, step=3)
+    assert third.summary()["resampled_episodes"] == 8 and third.summary()["reconciled"]
