@@ -123,3 +123,41 @@ def test_stepwise_change_in_async_training_never_stalls_the_driver(tmp_path, tin
     # Step 1 trains the rollout that was in flight at the change, step 2 one started after.
     assert [h for *_, h in steps] == [{2}, {2}, {3}]
     assert all(t.num_turns <= 3 for t in trainer.last_trajectories)
+
+
+def test_a_resumed_phase_trains_its_buffer_and_reissues_the_rollout_in_flight(tmp_path):
+    """AsyncPhase restored from a checkpoint's phase state: the buffered trajectories come back
+    (and re-enter the ledger as generated), the rollout that was in flight is issued again
+    with its own step (so its task seeds and group ids), before the counter goes on."""
+    import ray
+
+    from horizonrl.actors.curriculum import CurriculumActor
+    from horizonrl.cluster.iteration import sample_tasks
+    from horizonrl.cluster.ledger import Ledger
+    from horizonrl.cluster.phases import AsyncPhase
+    from horizonrl.cluster.runtime import ray_session
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        "mode=async", f"run_root={tmp_path}", "generator.tasks_per_step=2",
+        "generator.group_size=2", "generator.num_generators=1", "curriculum.horizons=[2]"])
+    buffered = [_trajectory(f"h2/s4-{t.task_id}/{k}") for t in sample_tasks(cfg, 4)
+                for k in range(2)]
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ledger = Ledger()
+    with ray_session(cfg.ray):
+        gen = ray.remote(num_cpus=0)(_SlowGenerator).remote(0.0)
+        trainer = SimpleNamespace(
+            cfg=cfg, generators=[gen], policy_version=0, step_count=3, ledger=ledger,
+            curriculum=ray.remote(num_cpus=0)(CurriculumActor).remote(cfg.curriculum),
+            resume_phase=({"rollouts": 5, "in_flight": [3]}, buffered),
+            collect=lambda ids: ([_trajectory(i) for i in ids], []))
+        phase = AsyncPhase(trainer)
+        first = phase.gather(3).trajs   # the buffer's two groups, oldest first
+        second = phase.gather(4).trajs  # then rollout 3 again, same tasks
+        state, _ = phase.state()
+        phase.close()
+    assert [t.trajectory_id for t in first] == [t.trajectory_id for t in buffered]
+    assert {t.group_id for t in second} == {f"s3-{t.task_id}" for t in sample_tasks(cfg, 3)}
+    assert state["rollouts"] == 6 and state["in_flight"] == [5]  # then the counter went on
+    assert {t.trajectory_id for t in buffered} <= ledger.generated
+    assert ledger.summary()["resampled_episodes"] == 4
