@@ -200,6 +200,12 @@ def main() -> None:
     from horizonrl.cluster.provenance import command_line
 
     results = {"command": command_line(), "steps": args.steps, "batches": {}}
+
+    def save() -> None:  # after every variant: a late failure keeps what was measured
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(table(results) + "\n")
+
     for name in args.batches:
         path = prepare(name, args.data)
         rows = results["batches"][name] = {}
@@ -212,15 +218,14 @@ def main() -> None:
                 raise SystemExit(f"{name}/{layout}: loss {r['first_loss']} differs from "
                                  f"padded {rows['padded']['first_loss']}")
             rows[layout] = r
+            save()
             print(f"[layouts] {name} {layout}: {r['update_s']:.2f} s per update, "
                   f"{r['loss_tokens_per_s']:,.0f} loss tokens/s, {r['micro_batches']} "
                   f"micro-batches, peak {r['peak_rss_mib']:,.0f} MiB", flush=True)
     if args.curve_iterations:
         results["default_curve"] = default_curve(["padded", "auto"], args.curve_iterations,
                                                  args.data)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(table(results) + "\n")
+    save()
     print(table(results))
 
 
