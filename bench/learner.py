@@ -303,11 +303,10 @@ def table(rows: list[Timing]) -> str:
 
 def main() -> None:
     if sys.argv[1:2] == ["layouts"]:  # learner.layout throughput: bench/learner_layouts.py
-        sys.argv.pop(1)
         sys.path.insert(0, str(Path(__file__).parent))
         from learner_layouts import main as layouts
 
-        return layouts()
+        return layouts(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["tiny", "256x4"],
                     help="'tiny' (the cached tiny model) or HIDDENxLAYERS (random-init Qwen2)")

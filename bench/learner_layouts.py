@@ -184,7 +184,7 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--layouts", nargs="+", default=LAYOUTS, choices=LAYOUTS)
@@ -196,7 +196,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="results JSON (and .md beside it)")
     ap.add_argument("--curve-iterations", type=int, default=0, help="also train the embedded "
                     "default this many steps with layout padded and auto (0: skip)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from horizonrl.cluster.provenance import command_line
 
     results = {"command": command_line(), "steps": args.steps, "batches": {}}
