@@ -171,3 +171,22 @@ def test_the_config_refuses_shared_prefix_where_it_cannot_run():
     with pytest.raises(ValidationError, match="zero_stage=3"):
         LearnerConfig(layout="shared_prefix", zero_stage=3)
     assert LearnerConfig(layout="auto", zero_stage=3).layout == "auto"
+
+
+def test_the_memory_plan_counts_the_token_budget(capsys):
+    from pathlib import Path
+
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.plan import memory_report
+
+    config = Path(__file__).resolve().parents[2] / "configs/babyai-local.yaml"
+    memory_report(load_config(config, ["generator.max_context_tokens=2048"]), None)
+    assert "learner micro-batch 8192 tokens" in capsys.readouterr().out
+    memory_report(load_config(config, ["generator.max_context_tokens=2048",
+                                       "learner.micro_batch_tokens=1024"]), None)
+    assert "learner micro-batch 2048 tokens" in capsys.readouterr().out  # a row must fit
+    cfg = load_config(config, ["generator.max_context_tokens=2048", "learner.layout=padded"])
+    rows = cfg.generator.tasks_per_step * cfg.generator.group_size // (
+        cfg.learner.world_size * cfg.learner.minibatches)
+    memory_report(cfg, None)
+    assert f"learner micro-batch {rows * 2048} tokens" in capsys.readouterr().out
