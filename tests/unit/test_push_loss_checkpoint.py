@@ -82,6 +82,9 @@ class PushLosesAGenerator:
             raise GeneratorLost("generator gen0 died and its replacement was not running")
         return SyncStats(seconds=0.0, reload_seconds=0.0)
 
+    def state(self) -> None:
+        return None  # as the sync phase: nothing beyond (seed, step) to keep
+
 
 def _trainer(run_dir: Path, monkeypatch, *, at_step: int) -> Trainer:
     """A trainer `at_step` steps in (as a resume would leave it), on stand-ins."""

@@ -63,7 +63,7 @@ class RecordingEngine:
     def __init__(self, params: list[torch.Tensor], forward) -> None:
         self.params, self.forward, self.steps = params, forward, []
 
-    def __call__(self, *, input_ids: torch.Tensor) -> SimpleNamespace:
+    def __call__(self, *, input_ids: torch.Tensor, **_: object) -> SimpleNamespace:
         return SimpleNamespace(logits=self.forward(input_ids))
 
     def train(self) -> None:
@@ -128,14 +128,14 @@ def _episode_weights(monkeypatch, trajs, cfg) -> np.ndarray:
     """[steps, episodes]: what each episode's loss weighs in each optimizer step."""
     x = torch.ones(len(trajs), dtype=torch.float64, requires_grad=True)
 
-    def by_episode(logits, t, cfg, *, ref_logprobs):
+    def by_episode(logp, entropy, t, cfg, *, ref_logprobs):
         # Advantage e + 1 marks episode e, whose every token's loss is x[e].
         idx = (t["advantages"].round().long() - 1).clamp_min(0)
         return alg.aggregate(x[idx], t["loss_mask"], cfg.loss_agg, row_scale=t.get("row_scale"),
                              row_share=t.get("row_share")), {}
 
-    monkeypatch.setattr(worker_module, "policy_objective", by_episode)
-    engines = [RecordingEngine([x], lambda ids: torch.zeros(*ids.shape, 2))
+    monkeypatch.setattr(worker_module, "policy_loss", by_episode)
+    engines = [RecordingEngine([x], lambda ids: torch.zeros(*ids.shape, VOCAB))
                for _ in range(cfg.world_size)]
     steps, stats = _train(monkeypatch, trajs, cfg, engines,
                           advantages=np.arange(1, len(trajs) + 1))
@@ -144,8 +144,11 @@ def _episode_weights(monkeypatch, trajs, cfg) -> np.ndarray:
 
 
 def _cfg(agg: str, **kw) -> LearnerConfig:
-    # The defaults under test: 2 ranks, 2 minibatches, one epoch.
-    return LearnerConfig(loss_agg=agg, kl_coef=0.0, skip_zero_variance_groups=False, **kw)
+    # The defaults under test: 2 ranks, 2 minibatches, one epoch. Rows bucketed by length and
+    # dealt to ranks by tokens (the weights do not depend on the layout; the stand-in engine
+    # has no KV cache for the shared prefix, whose equivalence test_layouts.py checks).
+    return LearnerConfig(loss_agg=agg, kl_coef=0.0, skip_zero_variance_groups=False,
+                         **{"layout": "bucketed", **kw})
 
 
 @pytest.mark.parametrize("agg", AGGS)
@@ -161,6 +164,9 @@ def test_window_rows_weigh_each_episode_as_full_mode(monkeypatch, agg):
     micro = _episode_weights(monkeypatch, _episodes(turns, window=True),
                              _cfg(agg, micro_batch_tokens=40))
     np.testing.assert_allclose(micro, full, rtol=RTOL, atol=1e-12)
+    padded = _episode_weights(monkeypatch, _episodes(turns, window=True),
+                              _cfg(agg, layout="padded", micro_batch_tokens=40))
+    np.testing.assert_allclose(padded, full, rtol=RTOL, atol=1e-12)
     # By hand: full mode deals rows [e0 e1 | e2 e3] to the ranks and each rank's rows to its
     # two minibatches, so step 1 trains e0 and e2, step 2 e1 and e3, each as one global mean.
     n = np.array([6, 2, 2, 2]) * REPLY  # model tokens per episode
