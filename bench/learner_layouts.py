@@ -56,9 +56,12 @@ DATASETS = {
 def prepare(name: str, data: Path) -> Path:
     """The dataset's trajectory JSONL, written by the project's CLI on first use."""
     out = data / name
-    found = sorted(out.rglob("demos.jsonl")) + sorted(out.rglob("step_*.jsonl"))
-    if found:
-        return found[-1]
+
+    def found() -> list[Path]:
+        return sorted(out.rglob("demos.jsonl")) + sorted(out.rglob("step_*.jsonl"))
+
+    if found():
+        return found()[-1]
     spec = DATASETS[name]
     cmd = [*HRL, spec["cmd"][0]] + (["--config", str(ROOT / spec["config"])]
                                     if spec["config"] else [])
@@ -68,7 +71,9 @@ def prepare(name: str, data: Path) -> Path:
         cmd += [*spec["cmd"][1:], f"run_root={out}"]
     print(f"[layouts] preparing {name}: horizonrl {' '.join(cmd[1:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, timeout=1800)
-    return prepare(name, data)
+    if not found():
+        raise SystemExit(f"{name}: the command wrote no trajectories under {out}")
+    return found()[-1]
 
 
 def load_batch(name: str, path: Path) -> tuple[dict[str, np.ndarray], list[int], str]:
@@ -77,17 +82,18 @@ def load_batch(name: str, path: Path) -> tuple[dict[str, np.ndarray], list[int],
     from horizonrl.cluster.config import load_config
     from horizonrl.cluster.models import ensure_model
     from horizonrl.learner.batch import pad_batch, turn_rows
+    from horizonrl.protos.chat import load_tokenizer
     from horizonrl.protos.codec import from_json_line
 
     trajs = [from_json_line(line) for line in path.read_text().splitlines() if line.strip()]
     spec = DATASETS[name]
     cfg = load_config(ROOT / spec["config"] if spec["config"] else None)
-    model = ensure_model(cfg.model, env=cfg.envs[0])
+    model = ensure_model(cfg.model, env=cfg.env)
     adv = [1.0 if i % 2 else -1.0 for i in range(len(trajs))]
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(model)
-    batch = pad_batch(trajs, adv, pad_id=tok.pad_token_id)
+    pad_id = load_tokenizer(str(model)).pad_token_id
+    batch = pad_batch(trajs, adv, pad_id=pad_id)
     if any(t.turn_spans for t in trajs):
-        batch = turn_rows(trajs, batch, pad_id=tok.pad_token_id)
+        batch = turn_rows(trajs, batch, pad_id=pad_id)
     return batch, [t.rows for t in trajs], str(model)
 
 

@@ -182,11 +182,11 @@ class AsyncPhase:
 
     def __init__(self, trainer: Trainer) -> None:
         self.t = trainer
-        self.inflight: dict[int, Any] = {}  # generator index -> ObjectRef of its rollout
+        # generator index -> (ObjectRef of its rollout, the rollout's index: seeds its tasks)
+        self.inflight: dict[int, tuple[Any, int]] = {}
         self.gen_versions = [trainer.policy_version] * len(trainer.generators)
         self.buffer: list[Trajectory] = []
         self.rollouts = 0  # rollout calls issued: seeds the task draw of each
-        self.rollout_of: dict[int, int] = {}  # generator index -> the rollout it has in flight
         self.pending: list[int] = []  # rollouts in flight at the checkpoint: issued first
         self._reload_seconds: list[Any] = []  # ObjectRefs of hand-offs not yet reported
         self.board = None  # partial rollouts: where new versions reach rollouts in flight
@@ -201,7 +201,7 @@ class AsyncPhase:
 
     def state(self) -> tuple[dict[str, Any], list[Trajectory]]:
         return ({"rollouts": self.rollouts,
-                 "in_flight": sorted([*self.rollout_of.values(), *self.pending])},
+                 "in_flight": sorted([r for _, r in self.inflight.values()] + self.pending)},
                 list(self.buffer))
 
     def _restore(self, state: dict[str, Any], buffer: list[Trajectory]) -> None:
@@ -229,10 +229,9 @@ class AsyncPhase:
         else:
             r, self.rollouts = self.rollouts, self.rollouts + 1
         partial = {} if self.board is None else {"board": self.board}
-        self.inflight[i] = t.generators[i].rollout.remote(
+        self.inflight[i] = (t.generators[i].rollout.remote(
             sample_tasks(t.cfg, r), step=r, group_size=t.cfg.generator.group_size,
-            setting=ray.get(t.curriculum.setting.remote()), **partial)
-        self.rollout_of[i] = r
+            setting=ray.get(t.curriculum.setting.remote()), **partial), r)
 
     def gather(self, step: int) -> Gathered:
         """Wait until the buffer holds `tasks_per_step` whole groups; take the oldest."""
@@ -276,14 +275,13 @@ class AsyncPhase:
         import ray
 
         t = self.t
-        by_ref = {ref: i for i, ref in self.inflight.items()}
+        by_ref = {ref: i for i, (ref, _) in self.inflight.items()}
         limit = t.cfg.learner.ingest.collect_timeout_s
         ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=limit)
         if not ready:
             raise RuntimeError(f"no generator finished a rollout within {limit}s")
         i = by_ref[ready[0]]
         del self.inflight[i]
-        self.rollout_of.pop(i, None)
         try:
             out = ray.get(ready[0])
             # Partial rollouts: the generator may have taken newer weights mid-rollout.
@@ -318,7 +316,7 @@ class AsyncPhase:
     def close(self) -> None:
         import ray
 
-        for ref in self.inflight.values():  # let in-flight rollouts end before the teardown
+        for ref, _ in self.inflight.values():  # let in-flight rollouts end before the teardown
             try:
                 ray.get(ref, timeout=60)
             except Exception:  # a rollout failing now loses nothing that was trained on

@@ -85,8 +85,8 @@ def plan_micro_batches(batch: dict[str, np.ndarray], *, layout: str,
     if layout == "packed":
         return _first_fit([np.array([r]) for r in range(n)], lengths.astype(float), budget)
     if layout == "shared_prefix":
-        units = _prefix_units(batch, lengths, budget)
-        return _first_fit(units, np.array([_unit_cost(batch, u, lengths) for u in units]), budget)
+        units, costs = _prefix_units(batch, lengths, budget)
+        return _first_fit(units, np.array(costs), budget)
     raise ValueError(f"unknown layout {layout!r}")
 
 
@@ -149,23 +149,25 @@ def shared_prefix_length(ids: np.ndarray, lengths: np.ndarray, loss_mask: np.nda
 
 
 def _prefix_units(batch: dict[str, np.ndarray], lengths: np.ndarray,
-                  budget: int) -> list[np.ndarray]:
+                  budget: int) -> tuple[list[np.ndarray], list[float]]:
     """Rows grouped by episode, each group cut into chunks whose prefix plus padded windows
-    fit `budget` (a chunk runs the prefix once)."""
-    units = []
+    fit `budget` (a chunk runs the prefix once); and each chunk's tokens computed."""
+    units, costs = [], []
     for e in np.unique(batch["episode"]):
         rows = np.flatnonzero(batch["episode"] == e)
         rows = rows[np.argsort(-lengths[rows], kind="stable")]
         p = shared_prefix_length(batch["input_ids"][rows], lengths[rows],
                                  batch["loss_mask"][rows])
         current: list[int] = []
-        for r in rows:
-            if current and p + (len(current) + 1) * (lengths[current[0]] - p) > budget:
+        for r in [*rows, None]:  # None closes the last chunk
+            if current and (r is None or
+                            p + (len(current) + 1) * (lengths[current[0]] - p) > budget):
                 units.append(np.array(current))
+                costs.append(float(p + len(current) * (lengths[current[0]] - p)))
                 current = []
-            current.append(int(r))
-        units.append(np.array(current))
-    return units
+            if r is not None:
+                current.append(int(r))
+    return units, costs
 
 
 def _unit_cost(batch: dict[str, np.ndarray], rows: np.ndarray, lengths: np.ndarray) -> float:
@@ -239,43 +241,30 @@ def _shared(model: Any, t: dict[str, Tensor], scaled: Any,
     """Per episode: its shared prefix once (keys and values kept, last logits only), then its
     rows' windows as a batch attending to that prefix."""
     ids = t["input_ids"]
-    b, width = ids.shape
-    logp = torch.zeros((b, width), dtype=torch.float32, device=ids.device)
+    logp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
     ent = torch.zeros_like(logp) if entropy else None
     episode = t["episode"].cpu().numpy()
     lengths = t["attention_mask"].sum(1).cpu().numpy()
     ids_np, mask_np = ids.cpu().numpy(), t["loss_mask"].cpu().numpy()
-    rows_out, lp_out, ent_out = [], [], []
     for e in np.unique(episode):
         rows = np.flatnonzero(episode == e)
         p = shared_prefix_length(ids_np[rows], lengths[rows], mask_np[rows])
-        end = int(lengths[rows].max())
         r = torch.from_numpy(rows).to(ids.device)
-        window = ids[r, p:end]
+        window = ids[r, p:int(lengths[rows].max())]
         if p == 0:  # nothing shared: the rows alone
-            logits = scaled(model(input_ids=window).logits)
-            full_ids = window
-            offset = 0
+            logits = scaled(model(input_ids=window, use_cache=False).logits)
+            seq, start = window, 0
         else:
             pre = model(input_ids=ids[r[:1], :p], use_cache=True, logits_to_keep=1)
-            cache = pre.past_key_values
-            cache.batch_repeat_interleave(len(rows))
-            logits = scaled(model(input_ids=window, past_key_values=cache, use_cache=True).logits)
-            # The prefix's last logits predict each window's first token.
+            pre.past_key_values.batch_repeat_interleave(len(rows))
+            logits = scaled(model(input_ids=window, past_key_values=pre.past_key_values,
+                                  use_cache=True).logits)
+            # The prefix's last logits predict each window's first token; the prefix's own
+            # positions stay 0 (no loss there by construction).
             logits = torch.cat([scaled(pre.logits[:, -1:]).expand(len(rows), -1, -1), logits], 1)
-            full_ids = torch.cat([ids[r, p - 1:p], window], 1)
-            offset = p - 1
-        rows_out.append((r, offset, offset + full_ids.shape[1]))
-        lp_out.append(alg.token_logprobs(logits, full_ids))
+            seq, start = torch.cat([ids[r, p - 1:p], window], 1), p - 1
+        at = (r[:, None], torch.arange(start, start + seq.shape[1], device=ids.device))
+        logp = logp.index_put(at, alg.token_logprobs(logits, seq))
         if entropy:
-            ent_out.append(alg.entropy_from_logits(logits))
-    # Built as an index_put of every episode's block so autograd sees one op per episode.
-    for k, (r, start, stop) in enumerate(rows_out):
-        logp = logp.index_put((r[:, None], torch.arange(start, stop, device=ids.device)),
-                              lp_out[k])
-        if entropy:
-            ent = ent.index_put((r[:, None], torch.arange(start, stop, device=ids.device)),
-                                ent_out[k])
-    # A window's first token comes right after the prefix: its logprob is real; the prefix's
-    # own positions stay 0 (no loss there by construction).
+            ent = ent.index_put(at, alg.entropy_from_logits(logits))
     return logp, ent
