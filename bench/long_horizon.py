@@ -97,12 +97,30 @@ def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns
               "bc": str(run_dir / "init" / "model"), "bc+rl": str(latest_checkpoint(run_dir))}
     got = {}
     for split in splits:
+        folder = out / "eval" / f"seed{seed}-{split}"
         results = evaluate(cfg, models, envs=cfg.envs, tasks=tasks, samples=samples,
-                           max_turns=[max_turns], out=out / "eval" / f"seed{seed}-{split}",
-                           split=split)
+                           max_turns=[max_turns], out=folder, split=split)
+        keep_small(folder)
         got[split] = {m: {env: cell[str(max_turns)]["accuracy"] for env, cell in r.items()}
                       for m, r in results.items()}
     return got
+
+
+def keep_small(folder: Path) -> None:
+    """An eval report as docs/ keeps it: the per-episode log gzipped (bench/miniwob_tasks.py
+    and the per-task tables read either form), the plots left out (results.json and results.md
+    hold their numbers; this script's own table is what the docs show)."""
+    import gzip
+
+    from horizonrl.cluster.eval_report import PLOTS
+
+    episodes = folder / "episodes.jsonl"
+    if episodes.exists():
+        with gzip.GzipFile(folder / "episodes.jsonl.gz", "wb", mtime=0) as f:
+            f.write(episodes.read_bytes())
+        episodes.unlink()
+    for name in PLOTS:
+        (folder / name).unlink(missing_ok=True)
 
 
 def table(per_seed: dict[int, dict], splits: list[str]) -> tuple[str, dict]:
