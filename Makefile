@@ -65,14 +65,14 @@ train: install
 
 # The suite drives a JVM (SciWorld) and Chromium (MiniWoB++): install-dev brings them (as root).
 test: install-dev
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q --durations=20 -m "not slow" tests
 
 test-all: install-dev
 	$(PY) -m pytest -q tests
 
 # Only the slow set (what `make test` leaves out); CI runs it after `make test`.
 test-slow: install-dev
-	$(PY) -m pytest -q -m slow tests
+	$(PY) -m pytest -q --durations=20 -m slow tests
 
 # Faults injected into the real stack, each ending with a reconciled trajectory ledger.
 test-chaos: install

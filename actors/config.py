@@ -76,7 +76,15 @@ class GeneratorConfig(BaseModel):
         False, description="mode=async: episodes in flight take each new policy version (and "
         "horizon) at their next turn instead of finishing on the weights their rollout began "
         "with; each turn records the version that sampled it (Trajectory.turn_versions), a "
-        "turn never spans two. The engine finishes the generations in flight, then reloads.")
+        "turn never spans two. The engine finishes the generations in flight, then reloads. "
+        "The driver then also takes trajectories as they arrive and trains on groups as soon "
+        "as they are complete, and queues a second rollout on each generator (docs/rollout.md, "
+        "the long tail).")
+    rollout_steps: int = Field(
+        1, ge=1, description="mode=async: each rollout call carries this many steps' worth of "
+        "tasks (tasks_per_step x rollout_steps groups), so a generator's episodes run one after "
+        "another within max_episodes_in_flight and it idles on a rollout's last stragglers "
+        "less often. The learner still takes tasks_per_step groups per update.")
     context: ContextConfig = Field(default_factory=ContextConfig,
                                    description="Full or window context per turn.")
     prefix_caching: bool = Field(

@@ -275,6 +275,9 @@ class RunConfig(BaseModel):
             if self.generator.partial_rollouts:
                 raise ValueError("generator.partial_rollouts needs mode=async: in sync mode "
                                  "no episode is in flight while the learner trains")
+            if self.generator.rollout_steps > 1:
+                raise ValueError("generator.rollout_steps > 1 needs mode=async: a sync step "
+                                 "rolls out exactly the tasks it trains on")
             return
         if self.learner.dynamic_sampling:
             raise ValueError("learner.dynamic_sampling does not work with mode=async: the "

@@ -114,6 +114,9 @@ class Trainer:
             print(f"[horizonrl] Prometheus metrics on http://{self.exporter.address}/metrics",
                   flush=True)
         self.last_trajectories: list[Trajectory] = []
+        # Training trajectories an eval's collection took while async rollouts were in
+        # flight: the training side takes them from here before the ingest.
+        self.strays: list[Trajectory] = []
         self.ledger = Ledger.resume(run_dir, self.step_count)
         self.phase = make_phase(self)  # sync or async: where data comes from, how weights go
 
@@ -179,9 +182,20 @@ class Trainer:
         """Exactly the trajectories with `ids` from the ingest (overlong rule applied), and the
         ids of others that arrived meanwhile."""
         got, orphans = collect_trajectories(self.ingest, ids,
-                                            self.cfg.learner.ingest.collect_timeout_s)
+                                            self.cfg.learner.ingest.collect_timeout_s,
+                                            strays=self.strays)
         lc = self.cfg.learner
         return apply_overlong(got, lc.overlong, lc.overlong_penalty), orphans
+
+    def arrivals(self, timeout: float) -> list[Trajectory]:
+        """Whatever reached the ingest (waiting up to `timeout` for the first), overlong rule
+        applied: the streaming async phase takes trajectories as they come."""
+        got, self.strays = self.strays, []
+        got += self.ingest.take(1, timeout=0 if got else timeout)
+        if not got:
+            return []
+        lc = self.cfg.learner
+        return apply_overlong(got + self.ingest.drain(), lc.overlong, lc.overlong_penalty)
 
     def step(self) -> dict[str, Any]:
         """One full iteration; returns (and logs) its metrics."""
@@ -311,8 +325,11 @@ class Trainer:
         turns = e.max_turns or [ray.get(self.curriculum.current.remote())[0]]
         # Raw trajectories: the eval reports the env's rewards, not a training rule (overlong).
         timeout_s = self.cfg.learner.ingest.collect_timeout_s
+        # Async: rollouts in flight push into the same ingest; training takes theirs later.
+        keep = self.cfg.mode == "async"
         records = run_sweep(self.generators,
-                            lambda ids: collect_trajectories(self.ingest, ids, timeout_s)[0],
+                            lambda ids: collect_trajectories(self.ingest, ids, timeout_s,
+                                                             self.strays, keep_strays=keep)[0],
                             model="policy",
                             envs=self.cfg.envs, tasks=e.tasks, samples=e.samples,
                             max_turns=turns, step=self.step_count)

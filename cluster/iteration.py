@@ -34,11 +34,14 @@ class Gathered:
     orphans: list[str] = field(default_factory=list)  # delivered by generators that died
     dropped: dict[str, list[str]] = field(default_factory=dict)  # reason -> ids not trained
     metrics: dict[str, Any] = field(default_factory=dict)
+    # Streaming (async with partial rollouts): the ids that reached the buffer this phase,
+    # whichever rollout sent them; None: the ids of the reports in `outs`.
+    arrived: list[str] | None = None
 
     @property
     def generated(self) -> list[str]:
-        """The ids the generators reported for this phase."""
-        return all_ids(self.outs)
+        """The ids generated in this phase: those that arrived, or the reports' ids."""
+        return all_ids(self.outs) if self.arrived is None else self.arrived
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -121,16 +124,25 @@ def resolved_learner(cfg: RunConfig) -> LearnerConfig:
     return cfg.learner
 
 
-def collect_trajectories(ingest: TrajectoryIngest, ids: list[str],
-                         timeout_s: float) -> tuple[list[Trajectory], list[str]]:
-    """Exactly the trajectories with `ids` from the ingest, in that order, and the ids of the
-    others that arrived meanwhile (from a generator that died mid-step: not trained on)."""
+def collect_trajectories(ingest: TrajectoryIngest, ids: list[str], timeout_s: float,
+                         strays: list[Trajectory] | None = None,
+                         keep_strays: bool = False) -> tuple[list[Trajectory], list[str]]:
+    """Exactly the trajectories with `ids`, in that order, and the ids of the others that
+    arrived meanwhile (from a generator that died mid-step: not trained on). `strays` holds
+    trajectories an earlier call took that were not its own: those with `ids` come from
+    there first (and leave it); with `keep_strays` what arrives unasked goes there instead of
+    being orphaned (an eval while async rollouts are in flight keeps their trajectories)."""
     want, got, orphans = set(ids), {}, []
+    if strays:
+        got = {t.trajectory_id: t for t in strays if t.trajectory_id in want}
+        strays[:] = [t for t in strays if t.trajectory_id not in got]
     deadline = time.monotonic() + timeout_s
     while len(got) < len(want) and time.monotonic() < deadline:
         for t in ingest.take(len(want) - len(got), timeout=max(0.1, deadline - time.monotonic())):
             if t.trajectory_id in want:
                 got[t.trajectory_id] = t
+            elif keep_strays and strays is not None:
+                strays.append(t)
             else:
                 orphans.append(t.trajectory_id)
     if len(got) != len(want):

@@ -1,7 +1,8 @@
 """Kill an async run with partial rollouts after a checkpoint, then `--resume auto`: nothing is
 lost and nothing is trained twice. The checkpoint holds the phase's untrained buffer and the
-rollouts it had in flight; the resumed run trains the buffer and re-issues those rollouts with
-their own task seeds and group ids (counted as resampled) before any new one."""
+groups its rollouts in flight had not completed; the resumed run trains the buffer and
+re-issues those groups with their own task seeds and group ids (counted as resampled) before
+any new rollout."""
 
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ def test_kill_then_resume_loses_and_duplicates_nothing(tmp_path, kill_when, tiny
     rollouts = sorted({int(r) for r, _ in groups})
     assert rollouts == list(range(len(rollouts))), rollouts
     assert all(sum(r == str(k) for r, _ in groups) == TASKS for k in rollouts)
-    # It was counted as resampled: its episodes had no ids before the kill.
-    print(f"\nresumed from step {resumed_at}; ledger {ledger}")
-    assert ledger["resampled_episodes"] == TASKS * GROUP
+    # The groups the checkpoint's rollouts in flight owed (the running one's incomplete
+    # groups, all of the one queued behind it) were counted as resampled: their episodes had
+    # no ids before the kill.
+    state = json.loads((run_dir / f"checkpoints/step_{resumed_at:06d}/trainer_state.json")
+                       .read_text())["phase"]
+    owed = sum(map(len, state["in_flight_groups"].values()))
+    print(f"\nresumed from step {resumed_at}; phase {state}; ledger {ledger}")
+    assert owed >= 1 and ledger["resampled_episodes"] == owed * GROUP

@@ -58,7 +58,7 @@ def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(
     import ray
 
     from horizonrl.actors.curriculum import CurriculumActor
-    from horizonrl.cluster.phases import AsyncPhase
+    from horizonrl.cluster.async_phase import AsyncPhase
     from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
@@ -132,9 +132,9 @@ def test_a_resumed_phase_trains_its_buffer_and_reissues_the_rollout_in_flight(tm
     import ray
 
     from horizonrl.actors.curriculum import CurriculumActor
+    from horizonrl.cluster.async_phase import AsyncPhase
     from horizonrl.cluster.iteration import sample_tasks
     from horizonrl.cluster.ledger import Ledger
-    from horizonrl.cluster.phases import AsyncPhase
     from horizonrl.cluster.runtime import ray_session
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [

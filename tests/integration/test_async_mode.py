@@ -56,7 +56,7 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
 
 
 def test_split_stale_drops_exactly_the_old_versions():
-    from horizonrl.cluster.phases import split_stale
+    from horizonrl.cluster.async_phase import split_stale
     from horizonrl.protos.trajectory import Trajectory
 
     def t(v):
