@@ -40,6 +40,10 @@ def test_kill_then_resume_loses_and_duplicates_nothing(tmp_path, kill_when, tiny
     assert not alive, f"processes of the killed run survived: {alive}"
     (run_dir,) = tmp_path.iterdir()
     assert not (run_dir / "checkpoints/step_000006").exists(), "killed too late"
+    # What the checkpoint a resume starts from owes (read now: later ones replace it).
+    owed_by_step = {int(d.name.split("_")[1]): sum(map(len, json.loads(
+        (d / "trainer_state.json").read_text())["phase"]["in_flight_groups"].values()))
+        for d in (run_dir / "checkpoints").glob("step_*") if (d / "trainer_state.json").exists()}
 
     second = subprocess.run([*_cmd(tmp_path, tiny_model_path), "--resume", "auto"], cwd=ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
@@ -67,8 +71,6 @@ def test_kill_then_resume_loses_and_duplicates_nothing(tmp_path, kill_when, tiny
     # The groups the checkpoint's rollouts in flight owed (the running one's incomplete
     # groups, all of the one queued behind it) were counted as resampled: their episodes had
     # no ids before the kill.
-    state = json.loads((run_dir / f"checkpoints/step_{resumed_at:06d}/trainer_state.json")
-                       .read_text())["phase"]
-    owed = sum(map(len, state["in_flight_groups"].values()))
-    print(f"\nresumed from step {resumed_at}; phase {state}; ledger {ledger}")
+    owed = owed_by_step[resumed_at]
+    print(f"\nresumed from step {resumed_at}; owed groups {owed}; ledger {ledger}")
     assert owed >= 1 and ledger["resampled_episodes"] == owed * GROUP
