@@ -13,8 +13,8 @@ number of updates, so the same budget of trained episodes):
 - `textcraft`: configs/textcraft-bc-rl.yaml (goals of depths 1-4 as four envs, 8 tasks x 8
   episodes per update, its lock-step loop) at a fixed horizon of 30 turns with the depths
   drawn equally, RL from the config's behaviour-cloning warm start (built once, first: the
-  expert's demonstrations, then SFT; base models never finish an episode before the horizon),
-  so episodes last from a few turns (a depth-1 goal crafted) to 30.
+  expert's demonstrations, then SFT), so that episodes last from a few turns (a goal crafted)
+  to 30.
 
 The default case adds `sync, TIS + seq mask`: sync with the rollout correction on (the
 decoupled loss's truncated importance weights and sequence masking outside [0.5, 2]).
@@ -63,8 +63,8 @@ CASES = {
         "model_of": "configs/babyai-local.yaml"},
     "textcraft": {"config": "configs/textcraft-bc-rl.yaml", "iterations": 12, "overrides": [
         "curriculum.schedule=fixed", "curriculum.horizons=[30]", "curriculum.env_weights={}"],
-        # RL from the config's own behaviour-cloning warm start, built once for all modes:
-        # base models run every episode to the horizon (no tail to cut).
+        # RL from the config's own behaviour-cloning warm start, built once for all modes,
+        # so that some episodes end before the horizon.
         "warm_start": True},
 }
 MODES = {"sync": ["mode=sync"],
