@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import write_results
+from report import run_folders, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"]
@@ -58,10 +58,7 @@ def main() -> None:
     ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
     ap.add_argument("--out", help="folder for results.json and results.md (default: the runs')")
     args = ap.parse_args()
-    runs = ROOT / "runs" / f"algorithms__{time.strftime('%Y%m%d-%H%M%S')}"
-    runs.mkdir(parents=True)
-    out = Path(args.out) if args.out else runs
-    out.mkdir(parents=True, exist_ok=True)
+    runs, out = run_folders(ROOT, "algorithms", args.out)
     t0 = time.perf_counter()
     results: dict[str, dict | None] = {}
     lines = ["| algorithm | success, first fifth | success, last fifth | best step | "

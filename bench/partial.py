@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 import yaml
-from report import write_results
+from report import run_folders, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = ("env.kwargs={env: babyai, env_kwargs: {level: BabyAI-GoToRedBall-v0, reward: binary}, "
@@ -189,10 +189,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, help="updates per run (default: the case's)")
     ap.add_argument("--out", help="folder for results.json and results.md (default: the runs')")
     args = ap.parse_args()
-    runs = ROOT / "runs" / f"partial__{time.strftime('%Y%m%d-%H%M%S')}"
-    runs.mkdir(parents=True)
-    out = Path(args.out) if args.out else runs
-    out.mkdir(parents=True, exist_ok=True)
+    runs, out = run_folders(ROOT, "partial", args.out)
     t0 = time.perf_counter()
     results: dict[str, dict[str, dict[str, dict | None]]] = {}
     for case in args.case:

@@ -10,6 +10,16 @@ from pathlib import Path
 from horizonrl.cluster.provenance import command_line
 
 
+def run_folders(root: Path, name: str, out: str | None) -> tuple[Path, Path]:
+    """(runs, out): a fresh root/runs/<name>__<time>/ for the bench's runs, and the folder its
+    results go to (`out`, default the runs' folder), both created."""
+    runs = root / "runs" / f"{name}__{time.strftime('%Y%m%d-%H%M%S')}"
+    runs.mkdir(parents=True)
+    dest = Path(out) if out else runs
+    dest.mkdir(parents=True, exist_ok=True)
+    return runs, dest
+
+
 def write_results(out: Path, fields: dict, table: str, *, started: float) -> None:
     """OUT/results.json (the command, the wall time since `started`, `fields`) and
     OUT/results.md (the command and `table`)."""

@@ -178,9 +178,9 @@ class AsyncPhase:
             while self.buffer.complete() < want:
                 self._next_report(g, timeout=t.cfg.learner.ingest.collect_timeout_s)
         taken = self.buffer.take(want)
-        for tr in taken:  # a rollout's groups, once all are taken, owe nothing
-            for gids in self.open.values():
-                gids.discard(tr.group_id)
+        done = {tr.group_id for tr in taken}  # a rollout's groups, once all taken, owe nothing
+        for gids in self.open.values():
+            gids -= done
         self.open = {r: gids for r, gids in self.open.items()
                      if gids or r in {r2 for _, r2 in self.inflight.values()}}
         fresh, stale = split_stale(taken, t.policy_version, t.cfg.max_staleness)
