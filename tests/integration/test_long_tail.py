@@ -80,9 +80,9 @@ def test_the_learner_takes_complete_groups_past_a_straggler(tmp_path):
                                   policy_version=0, step_count=0, resume_phase=None,
                                   ledger=ledger, arrivals=arrivals)
         phase = AsyncPhase(trainer)
-        t0 = time.monotonic()
         first = phase.gather(0)
-        waited = time.monotonic() - t0
+        # The straggler is pushed STRAGGLE_S after the rest: the ingest has not seen it yet.
+        received_at_first = ingest.stats()["received"]
         # Rollout 0 carries steps 0 and 1: groups s0-a, s0-b (its straggler), s1-c, s1-d.
         groups = [t.group for t in phase.tasks(0)]
         assert [t.group_id for t in first.trajs] == [groups[0]] * 2 + [groups[2]] * 2
@@ -103,7 +103,7 @@ def test_the_learner_takes_complete_groups_past_a_straggler(tmp_path):
         # had its groups: close waits for them, takes in what they sent, drops it as in flight.
         issued = phase.rollouts
         phase.close()
-    assert waited < STRAGGLE_S / 2, f"the first update waited {waited:.1f}s on a straggler"
+    assert received_at_first == 7, "the first update waited for the straggler"
     summary = ledger.summary()
     assert summary["reconciled"], summary
     assert issued in (2, 3)
