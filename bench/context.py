@@ -27,6 +27,7 @@ import statistics
 import time
 from pathlib import Path
 
+from horizonrl.cluster.png import save_png
 from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def plot(results: dict, horizons: list[int], out: Path) -> None:
         ax.set_title(label)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_png(fig, out, dpi=110)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
+from horizonrl.cluster.png import save_png
 from horizonrl.cluster.provenance import command_line
 
 TIE = 1e-9  # a gain below this is a tie (means of equal counts differ by float rounding)
@@ -78,7 +79,7 @@ def plot(summary: dict, path: Path) -> None:
         ax.set(title=name, xlabel="RL step")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    save_png(fig, path, dpi=80)
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/figures.py --list              # each results file and its command
     .venv/bin/python bench/figures.py --check             # links resolve; who wrote what;
-                                                          # which results predate their code
+                                                          # which results predate their code;
+                                                          # docs/ under its size limit
     .venv/bin/python bench/figures.py --run [--match S]   # rerun the recorded commands
 
 (`make figures`, `make figures-check`.) A results file is a committed JSON under docs/ that
@@ -14,7 +15,9 @@ writes training runs before the summaries that read them. A run folder named wit
 (`<name>__<seed>__<time>`) stands for the one run of that name and seed in its folder now, so a
 summary of runs finds the runs that `--run` has just trained. A command whose inputs neither
 exist nor come from an earlier command of the plan is skipped and named. All of it takes many
-hours on 2 cores; `--match` picks a subset by substring of the command or the file.
+hours on 2 cores; `--match` picks a subset by substring of the command or the file. After a
+run, the eval logs the commands wrote under docs/ go into their section's archive
+(bench/doc_episodes.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from doc_episodes import DOCS_LIMIT_BYTES, docs_bytes, pack, sections
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
@@ -345,13 +350,19 @@ def main() -> None:
             if r.commands and (n := code_commits_since(r)):
                 stale += 1
                 print(f"older than the code: {r.path} ({n} code commits since it was written)")
+        size = docs_bytes()
         print(f"[figures] {len(results)} results files, {len(orphans)} without a recorded "
               f"command, {stale} of those with one written before the code's last change, "
-              f"{len(unshown)} linked without their command; {len(bad)} broken links")
-        raise SystemExit(1 if bad else 0)
+              f"{len(unshown)} linked without their command; {len(bad)} broken links; docs/ "
+              f"{size / 2**20:.1f} MiB (limit {DOCS_LIMIT_BYTES / 2**20:.0f})")
+        raise SystemExit(1 if bad or size > DOCS_LIMIT_BYTES else 0)
     pairs = [(c, path) for c, path in run_order(results)
              if not args.match or args.match in c or args.match in path]
-    raise SystemExit(run(plan(pairs), dry_run=args.dry_run, keep_going=args.keep_going))
+    rc = run(plan(pairs), dry_run=args.dry_run, keep_going=args.keep_going)
+    if not args.dry_run:  # what the commands wrote into docs/, in the form docs/ keeps it
+        for section in sections():
+            print(f"[figures] {section.relative_to(ROOT)}: {pack(section)} eval logs packed")
+    raise SystemExit(rc)
 
 
 if __name__ == "__main__":

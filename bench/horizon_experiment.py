@@ -27,6 +27,7 @@ from pathlib import Path
 
 from long_horizon import train
 
+from horizonrl.cluster.png import save_png
 from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def plot(results: dict[str, dict[int, list[dict]]], path: Path) -> None:
     axes[1].set(title="Turns per episode", xlabel="training step")
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
 
 
 def main() -> None:

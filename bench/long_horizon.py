@@ -107,9 +107,10 @@ def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns
 
 
 def keep_small(folder: Path) -> None:
-    """An eval report as docs/ keeps it: the per-episode log gzipped (bench/miniwob_tasks.py
-    and the per-task tables read either form), the plots left out (results.json and results.md
-    hold their numbers; this script's own table is what the docs show)."""
+    """An eval report as docs/ keeps it: the per-episode log gzipped (until `bench/doc_episodes.py
+    --pack` or `make figures` folds it into its docs section's archive; `read_episodes` reads
+    each form), the plots left out (results.json and results.md hold their numbers; this
+    script's own table is what the docs show)."""
     import gzip
 
     from horizonrl.cluster.eval_report import PLOTS

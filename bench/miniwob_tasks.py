@@ -1,6 +1,6 @@
 """Per-task success of the MiniWoB++ models that `bench/long_horizon.py` scored, from the
-episodes its evaluations kept (OUT/eval/seed*-eval/episodes.jsonl): which tasks behaviour
-cloning learned and where RL moved them.
+episodes its evaluations kept (OUT/eval/seed*-eval/episodes.jsonl, or the archive docs/ keeps
+them in, bench/doc_episodes.py): which tasks behaviour cloning learned and where RL moved them.
 
     .venv/bin/python bench/miniwob_tasks.py docs/long-horizon/miniwob \
         --out docs/long-horizon/miniwob/per_task.json
@@ -12,11 +12,12 @@ the env's default set unless `--tasks` names the one the config used.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from doc_episodes import read_episodes
 
 from horizonrl.cluster.provenance import command_line
 from horizonrl.envpool.miniwob import task_for_seed
@@ -25,16 +26,14 @@ from horizonrl.envpool.miniwob_tasks import TASKS
 
 def per_task(folder: Path, tasks: tuple[str, ...]) -> dict:
     """{model: {task: [success rate per seed]}} over every seed's eval episodes."""
-    # As cluster/evaluate.py writes them, or gzipped as docs/ keeps them.
-    files = sorted(folder.glob("eval/seed*-eval/episodes.jsonl*"))
-    if not files:
-        raise SystemExit(f"{folder}: no eval/seed*-eval/episodes.jsonl[.gz]")
+    # As cluster/evaluate.py writes them, gzipped, or in the archive docs/ keeps them in.
+    folders = sorted(p for p in folder.glob("eval/seed*-eval") if p.is_dir())
+    if not folders:
+        raise SystemExit(f"{folder}: no eval/seed*-eval folders")
     rates: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for f in files:
+    for f in folders:
         wins: dict[tuple[str, str], list[bool]] = defaultdict(list)
-        raw = f.read_bytes()
-        for line in (gzip.decompress(raw) if f.suffix == ".gz" else raw).decode().splitlines():
-            ep = json.loads(line)
+        for ep in read_episodes(f):
             if ep.get("failure"):
                 continue
             wins[ep["model"], task_for_seed(ep["seed"], tasks)].append(bool(ep["success"]))

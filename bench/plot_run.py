@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from horizonrl.cluster.png import save_png
+
 PANELS = [
     ("Success rate", ["success_rate"]),
     ("Turns per episode and horizon", ["turns_mean", "horizon", "truncated_at_horizon_rate"]),
@@ -40,7 +42,7 @@ def main(run_dir: str, out: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"{Path(run_dir).name}: the dashboard's series from metrics.jsonl")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    save_png(fig, out, dpi=100)
     print(f"wrote {out}")
 
 

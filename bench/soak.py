@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from horizonrl.cluster.png import save_png
 from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +162,7 @@ def report(samples: list[dict[str, float]], args: argparse.Namespace, out: Path)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    fig.savefig(out / "soak.png", dpi=110)
+    save_png(fig, out / "soak.png", dpi=110)
 
 
 if __name__ == "__main__":

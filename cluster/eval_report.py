@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from horizonrl.cluster.png import save_png
+
 PLOTS = ("accuracy_per_env.png", "accuracy_vs_max_turns.png", "pass_at_k.png", "interaction.png")
 """Plot files write_report makes, in order, after results.json and results.md."""
 
@@ -176,7 +178,7 @@ def _save(draw: Callable[[Any, dict[str, Any]], None], results: dict[str, Any], 
     fig = Figure(figsize=(8, 5), layout="constrained")
     FigureCanvasAgg(fig)
     draw(fig, results)
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def _nan(x: float | None) -> float:
