@@ -40,7 +40,7 @@ def dashboard_queries() -> list[str]:
 
 def _query(port: int, expr: str) -> list:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(url, timeout=QUERY_TIMEOUT_S) as resp:
         body = json.loads(resp.read())
     assert body["status"] == "success", (expr, body)
     return body["data"]["result"]
@@ -68,33 +68,66 @@ def test_every_dashboard_query_returns_data(tmp_path, free_port):
         "learner.minibatches=1",
         # The rollout correction on, so its truncated and masked shares have series too.
         "learner.decoupled_loss=true", "learner.seq_mask_band=[0.5,2.0]"])
-    prom_port = free_port()
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         (tmp_path / "prometheus.yml").write_text(
             "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: horizonrl\n"
             f"    static_configs: [{{targets: ['{trainer.exporter.address}']}}]\n")
-        prom = subprocess.Popen(
-            ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        prom, prom_port = _start_prometheus(tmp_path, free_port)
         try:
             missing = [e for e in dashboard_queries()
                        if not any(name in e for name in STEP_LEVEL_ONLY)]
-            for _ in range(cfg.iterations):  # bounded: at most 8 steps, then 30 s of scrapes
+            # Bounded in count and time: at most 8 steps, then 30 s of scrapes, 3 min in all
+            # (a query that hangs costs QUERY_TIMEOUT_S, not the suite's 15-minute timeout).
+            deadline = time.monotonic() + 180
+            for _ in range(cfg.iterations):
                 trainer.step()
                 time.sleep(1.5)
-                missing = [e for e in missing if not _query_safe(prom_port, e)]
+                missing = _without_data(prom, prom_port, missing, deadline)
                 if not missing:
                     break
-            deadline = time.monotonic() + 30
-            while missing and time.monotonic() < deadline:
+            scrapes = min(deadline, time.monotonic() + 30)
+            while missing and time.monotonic() < scrapes:
                 time.sleep(2)
-                missing = [e for e in missing if not _query_safe(prom_port, e)]
+                missing = _without_data(prom, prom_port, missing, scrapes)
             assert not missing, f"dashboard queries without data: {missing}"
         finally:
             prom.terminate()
             prom.wait(timeout=30)
+
+
+QUERY_TIMEOUT_S = 5
+
+
+def _start_prometheus(tmp_path: Path, free_port) -> tuple[subprocess.Popen, int]:
+    """Prometheus on a free port, answering /-/ready. The port is picked, released and then
+    bound by Prometheus: another process (a Ray worker, an ingest) can take it in between, and
+    Prometheus then exits. That is retried on another port, twice at most."""
+    for _ in range(3):
+        port = free_port()
+        prom = subprocess.Popen(
+            ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while prom.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready",
+                                            timeout=QUERY_TIMEOUT_S) as resp:
+                    if resp.status == 200:
+                        return prom, port
+            except OSError:
+                time.sleep(0.5)
+        prom.kill()
+        prom.wait(timeout=30)
+    pytest.fail("Prometheus did not start on a free port in 3 tries")
+
+
+def _without_data(prom: subprocess.Popen, port: int, exprs: list[str],
+                  deadline: float) -> list[str]:
+    """The expressions that return no data yet (all of those left once `deadline` passes)."""
+    assert prom.poll() is None, f"Prometheus exited with {prom.returncode}"
+    return [e for e in exprs if time.monotonic() > deadline or not _query_safe(port, e)]
 
 
 def _query_safe(port: int, expr: str) -> list:
