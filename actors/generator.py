@@ -84,7 +84,6 @@ class GeneratorActor:
         self.horizon: int | None = None
         self.env_horizons: dict[str, int] = {}
         self.horizon_version = -1
-        self._context_warned = False
         self._sends: list[Future] = []  # this rollout's pushes in flight
         self._feed: PolicyFeed | None = None  # the rollout's board (partial rollouts)
         self._loads = 0  # weight loads during the rollout
@@ -367,11 +366,6 @@ class GeneratorActor:
                 group_id=task.group or f"s{step}-{task.task_id}", task_id=task.task_id,
                 env_name=task.env or self.default_env, policy_version=version,
                 info={"generator": self.name, "seed": task.seed}))
-        errors = [t.info["context_error"] for t in trajs if "context_error" in t.info]
-        if errors and not self._context_warned:  # once per generator: it repeats every step
-            self._context_warned = True
-            print(f"[horizonrl] {self.name}: an episode ended because {errors[0]}; raise "
-                  "generator.max_context_tokens or lower max_tokens_per_turn", flush=True)
         t0 = time.perf_counter()
         self._sends.append(self.sender.send_async(trajs))  # rollout() waits for them
         timing["transport"] += time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """The generator's agent loop against bare vLLM on the same prompts, and without prefix caching.
 
-    .venv/bin/python bench/generator.py --config configs/textcraft-bc-rl.yaml --rollouts 4 \
-        --horizon 10 --out docs/context/generator.json
+    .venv/bin/python bench/agent_loop_throughput.py --config configs/textcraft-bc-rl.yaml \
+        --rollouts 4 --horizon 10 --out docs/context/generator.json
 
 The real GeneratorActor as a plain class (vLLM, env actors on a local Ray, the gRPC sender into
 a real ingest) runs `--rollouts` rollouts of the config's tasks after one warm-up rollout; its
@@ -86,7 +86,7 @@ def child(config: str, variant: str, rollouts: int, horizon: int, overrides: lis
     from horizonrl.protos.precision import bf16_native, engine_dtype
 
     # Lock-step: its batched generate calls are what the replay compares against bare vLLM
-    # (bench/rollout.py compares the loops).
+    # (bench/rollout_throughput.py compares the loops).
     cfg = load_config(config, [*overrides, "generator.loop=lockstep", *VARIANTS[variant]])
     g, caching = cfg.generator, cfg.generator.prefix_caching
     dtype = engine_dtype(g.dtype, native_bf16=bf16_native("cpu"))

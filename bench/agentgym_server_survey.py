@@ -1,7 +1,7 @@
 """AgentGym's own TextCraft, BabyAI and SciWorld servers, driven through horizonrl's client:
 what each answers and what works, measured (docs/agentgym.md).
 
-    .venv/bin/python bench/agentgym_servers.py --out docs/agentgym/servers.json
+    .venv/bin/python bench/agentgym_server_survey.py --out docs/agentgym/servers.json
 
 Per server (started unmodified from ../shared/agentgym-servers in `make install-dev`'s venv, on
 127.0.0.1): the median time of /create + /reset and of /step, scripted episodes solved through

@@ -1,7 +1,7 @@
 """GRPO, RLOO, REINFORCE++ and PPO (and rejection sampling) on the embedded BabyAI default,
 each from the CLI with the same seed and budget, summarised as one table.
 
-    .venv/bin/python bench/algorithms.py [--iterations 60] [--algorithms grpo rloo ...] \
+    .venv/bin/python bench/algorithm_compare.py [--iterations 60] [--algorithms grpo rloo ...] \
         [--out docs/algorithms]
 
 Each run is `horizonrl train --config configs/babyai-local.yaml learner.algorithm=X` in its own
@@ -20,7 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from report import run_folders, write_results
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.report import run_folders, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "rloo", "reinforce_pp", "ppo", "rejection_sampling"]
@@ -34,7 +37,7 @@ def run(algorithm: str, iterations: int, out: Path) -> tuple[int, Path | None, f
          f"name={algorithm}", f"iterations={iterations}", f"run_root={out}", "metrics.port=0",
          "checkpoint_every=0", f"learner.algorithm={algorithm}",
          # fp32, not the default's auto: the comparison then means the same on every CPU.
-         "learner.dtype=fp32", "generator.dtype=float32"],
+         "learner.dtype=float32", "generator.dtype=float32"],
         cwd=ROOT, capture_output=True, text=True, timeout=3600)
     (out / f"{algorithm}.log").write_text(proc.stdout + proc.stderr)
     runs = sorted(out.glob(f"{algorithm}__*"))

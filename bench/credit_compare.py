@@ -1,7 +1,7 @@
 """GRPO against the turn-level estimators on one recipe: gains over behaviour cloning, seeds
 that beat it, and the training curves, from `bench/long_horizon.py`'s results of each method.
 
-    .venv/bin/python bench/credit.py --name babyai-maze --split eval \
+    .venv/bin/python bench/credit_compare.py --name babyai-maze --split eval \
         --methods grpo=docs/credit/babyai-maze-grpo gigpo=docs/credit/babyai-maze-gigpo \
         --out docs/credit/babyai-maze
 

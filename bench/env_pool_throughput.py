@@ -2,7 +2,7 @@
 against gymnasium's `AsyncVectorEnv`, for BabyAI and TextCraft, as ratios in one run; and for
 MiniWoB (a headless Chromium per replica) the steps/s per replica from 1 to N replicas.
 
-    .venv/bin/python bench/envpool.py [--replicas 8] [--rounds 150] [--max-seconds 60]
+    .venv/bin/python bench/env_pool_throughput.py [--replicas 8] [--rounds 150] [--max-seconds 60]
         [--envs babyai textcraft] [--scaling 1 2 4] [--out FILE]
 
 `env.in_process` pools host the same EnvWorkers in this process (no Ray round trip; a thread

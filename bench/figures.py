@@ -33,17 +33,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from doc_episodes import DOCS_LIMIT_BYTES, docs_bytes, pack, sections
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.doc_episodes import DOCS_LIMIT_BYTES, docs_bytes, pack, sections
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 """A markdown link's target (anchors dropped)."""
-SUMMARIES = ("bench/run_summary.py", "bench/miniwob_tasks.py")
+SUMMARIES = ("bench/run_summary.py", "bench/miniwob_per_task.py")
 """Scripts that summarise what another command wrote (training runs, an OUT folder's
 evaluations), named by their positional arguments: they go last."""
 INPUT_FLAGS = ("--reuse-warm-start", "--model", "--compare", "--methods")
 """Flags whose values (up to the next option) are inputs that must exist before the command
-can run; `base` is the config's own model; `NAME=DIR,DIR` (bench/credit.py) names folders."""
+can run; `base` is the config's own model; `NAME=DIR,DIR` (bench/credit_compare.py) names
+folders."""
 OUTPUT_FLAGS = ("--runs", "--out")
 """Flags (and `run_root=`) whose value is a folder (of training runs, of results) the command
 writes."""
@@ -67,6 +71,9 @@ PREREQUISITES: dict[str, tuple[str, ...]] = {
 }
 CODE = ("actors", "cluster", "envpool", "learner", "protos", "configs", "pyproject.toml")
 """What every result depends on; a result also depends on the scripts its commands run."""
+NOT_WRITTEN = "[results not rerun]"
+"""In a commit message: the commit edited results files without running their commands again (a
+script renamed in their recorded commands), so it does not count as writing them."""
 STAMPED = re.compile(r"^(?P<name>.+__\d+__)\d{8}-\d{6}$")
 """A run folder's name: `<config name>__<seed>__<start time>`."""
 
@@ -135,7 +142,8 @@ def code_commits_since(result: Result, root: Path = ROOT) -> int | None:
                               check=True).stdout.strip()
 
     try:
-        written = git("log", "-1", "--format=%H", "--", result.path)
+        written = git("log", "-1", "--format=%H", "--invert-grep", f"--grep={NOT_WRITTEN}",
+                      "--fixed-strings", "--", result.path)
         if not written:
             return None
         return int(git("rev-list", "--count", f"{written}..HEAD", "--", *CODE, *scripts))

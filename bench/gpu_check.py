@@ -30,6 +30,9 @@ from horizonrl.actors.config import GeneratorConfig
 from horizonrl.cluster.provenance import command_line
 from horizonrl.learner.config import LearnerConfig
 
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 ROOT = Path(__file__).resolve().parents[1]
 
 GENERATOR_NAME = "weight-sync-check-gen0"
@@ -155,9 +158,9 @@ BF16_LOSS_TOL = 2e-2
 def learner_precision(model: Path, *, stage: int, cuda: bool) -> list[tuple[bool, str]]:
     """2 ranks in bf16 vs fp32 on one synthetic batch, 3 updates each: the losses agree within
     bf16 rounding and bf16 really ran (they are not identical)."""
+    from bench.learner_throughput import synthetic_trajectories, with_behaviour_logprobs
     from horizonrl.learner.group import LearnerGroup
     from horizonrl.protos.chat import load_tokenizer
-    from learner import synthetic_trajectories, with_behaviour_logprobs  # bench/learner.py
 
     pad = load_tokenizer(model).pad_token_id
     trajs = with_behaviour_logprobs(synthetic_trajectories(n=16, tokens=200, group_size=4,

@@ -22,11 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from long_horizon import train
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.long_horizon import train
 from horizonrl.cluster.png import save_png
 from horizonrl.cluster.provenance import command_line
 
@@ -66,13 +69,13 @@ def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Pa
     if args.model:  # RL from this checkpoint (e.g. a warm start's clone), no warm start here
         extra += [f"model.path={args.model}", "init.sft_epochs=0"]
     if args.eval_turns:  # one replica per eval task (the generator's pools serve both)
-        extra += [f"eval.tasks={args.eval_tasks}", f"eval.max_turns=[{args.eval_turns}]",
+        extra += [f"eval.tasks={args.eval_tasks}", f"eval.horizons=[{args.eval_turns}]",
                   f"env.replicas_per_actor={max(64, args.eval_tasks)}"]
     cfg = load_config(ROOT / args.config, [
         f"name={name}", f"seed={seed}", f"iterations={iterations}", f"run_root={out}",
         "checkpoint_every=0", "metrics.port=0",
         # fixed precision (the base config may say auto): the comparison means the same anywhere
-        "learner.dtype=fp32", "generator.dtype=float32", *overrides, *extra])
+        "learner.dtype=float32", "generator.dtype=float32", *overrides, *extra])
     with Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         rows = []
         for _ in range(iterations):

@@ -2,7 +2,7 @@
 `LearnerWorker` update (DeepSpeed ZeRO-2, 1 rank, fp32, 1 thread) on the same batches, for
 padded rows (the original path), bucketed rows, packed rows and shared-prefix rows.
 
-    .venv/bin/python bench/learner.py layouts --out docs/learner/layouts.json
+    .venv/bin/python bench/learner_throughput.py layouts --out docs/learner/layouts.json
 
 Batches, from real episodes written by the project's own commands (cached under --data):
 - default: the embedded default's trajectories (`horizonrl train iterations=2

@@ -1,8 +1,9 @@
 """Learner step time: the DeepSpeed ZeRO-2 `LearnerGroup` against a plain torch loop doing the
 same math on the same batch, for two model sizes, as ratios in one run.
 
-    .venv/bin/python bench/learner.py [--sizes tiny 256x4] [--warmup 2] [--steps 5]
-    .venv/bin/python bench/learner.py layouts --out F   (row layouts: bench/learner_layouts.py)
+    .venv/bin/python bench/learner_throughput.py [--sizes tiny 256x4] [--warmup 2] [--steps 5]
+    .venv/bin/python bench/learner_throughput.py layouts --out F
+        (row layouts: bench/learner_layouts.py)
 
 Each learner gets the same synthetic batch: `--trajectories` multi-turn episodes of about
 `--tokens` tokens (a masked prompt, then model spans and masked env spans in turn), in GRPO groups
@@ -57,6 +58,9 @@ from horizonrl.learner import algorithms as alg
 from horizonrl.learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
 from horizonrl.learner.config import LearnerConfig
 from horizonrl.protos.trajectory import Trajectory
+
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -303,8 +307,7 @@ def table(rows: list[Timing]) -> str:
 
 def main() -> None:
     if sys.argv[1:2] == ["layouts"]:  # learner.layout throughput: bench/learner_layouts.py
-        sys.path.insert(0, str(Path(__file__).parent))
-        from learner_layouts import main as layouts
+        from bench.learner_layouts import main as layouts
 
         return layouts(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -24,8 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from run_summary import write as write_training
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.run_summary import write as write_training
 from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 episodes its evaluations kept (OUT/eval/seed*-eval/episodes.jsonl, or the archive docs/ keeps
 them in, bench/doc_episodes.py): which tasks behaviour cloning learned and where RL moved them.
 
-    .venv/bin/python bench/miniwob_tasks.py docs/long-horizon/miniwob \
+    .venv/bin/python bench/miniwob_per_task.py docs/long-horizon/miniwob \
         --out docs/long-horizon/miniwob/per_task.json
 
 A seed's task is fixed by the env (`envpool/miniwob.py`, `task_for_seed`); the task list is
@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from doc_episodes import read_episodes
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.doc_episodes import read_episodes
 from horizonrl.cluster.provenance import command_line
 from horizonrl.envpool.miniwob import task_for_seed
 from horizonrl.envpool.miniwob_tasks import TASKS

@@ -44,7 +44,11 @@ import time
 from pathlib import Path
 
 import yaml
-from report import run_folders, write_results
+
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from bench.report import run_folders, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = ("env.kwargs={env: babyai, env_kwargs: {level: BabyAI-GoToRedBall-v0, reward: binary}, "
@@ -120,7 +124,7 @@ def run(case: str, mode: str, seed: int, iterations: int, out: Path,
            # zero advantage either way), so "trained" measures the system, not how often the
            # policy happened to solve a task 8 times out of 8.
            "learner.skip_zero_variance_groups=false",
-           "learner.dtype=fp32", "generator.dtype=float32",  # fixed, not auto: same on any CPU
+           "learner.dtype=float32", "generator.dtype=float32",  # fixed, not auto: same on any CPU
            *model, *spec["overrides"], *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     (out / f"{tag}.log").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)

@@ -1,6 +1,6 @@
 """The embedded default trained in each precision: does it still learn, and how fast is it?
 
-    .venv/bin/python bench/precision.py --out docs/precision/default-run.json
+    .venv/bin/python bench/precision_compare.py --out docs/precision/default-run.json
 
 Runs `horizonrl train --config configs/babyai-local.yaml` (the embedded default) once per
 setting and seed, in turn: learner fp32 + vLLM float32, learner bf16 + vLLM float32, learner
@@ -24,9 +24,9 @@ from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
-    "fp32": ["learner.dtype=fp32", "generator.dtype=float32"],
-    "bf16 learner": ["learner.dtype=bf16", "generator.dtype=float32"],
-    "bf16 learner + vLLM": ["learner.dtype=bf16", "generator.dtype=bfloat16"],
+    "fp32": ["learner.dtype=float32", "generator.dtype=float32"],
+    "bf16 learner": ["learner.dtype=bfloat16", "generator.dtype=float32"],
+    "bf16 learner + vLLM": ["learner.dtype=bfloat16", "generator.dtype=bfloat16"],
 }
 
 

@@ -1,6 +1,6 @@
 """Does synthetic reading pre-training teach the tiny model to copy from its context?
 
-    .venv/bin/python bench/reading.py --config configs/textcraft-bc-rl.yaml \
+    .venv/bin/python bench/reading_probe.py --config configs/textcraft-bc-rl.yaml \
         --variants 0:300 6000:900 --out docs/long-horizon/reading.json
 
 Each variant `R:S` builds the config's tiny model with R reading tasks mixed into S
@@ -49,7 +49,7 @@ def main() -> None:
         # The build's own time (the model may come from the cache): its marker records it.
         built = json.loads((path / MODEL_MARKER).read_text())["seconds"]
         episodes = random_transcripts(env_name=cfg.env.name, env_kwargs=cfg.env.kwargs,
-                                      episodes=tiny.transcripts, max_turns=tiny.max_turns,
+                                      episodes=tiny.transcripts, max_turns=tiny.horizon,
                                       seed=0, thought=tiny.thought)
         probe = probe_tasks(observation_lines(episodes), seed=0)
         chat = ChatFormat(load_tokenizer(str(path)))

@@ -1,6 +1,6 @@
 """Rollout throughput: the lock-step loop against episodes that run independently, as ratios.
 
-    .venv/bin/python bench/rollout.py [--cases babyai textcraft latency50 latency500]
+    .venv/bin/python bench/rollout_throughput.py [--cases babyai textcraft latency50 latency500]
         [--rollouts 3] [--out docs/rollout/rollout.json]
 
 Each case is a fresh process: the real GeneratorActor as a plain class (vLLM, env actors on a

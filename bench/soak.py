@@ -99,7 +99,7 @@ def main() -> None:
     cmd = [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
            "configs/babyai-local.yaml", "name=soak", "iterations=100000", "metrics.port=0",
            f"run_root={out / 'runs'}", "checkpoint_every=50", "keep_checkpoints=2",
-           "learner.dtype=fp32", "generator.dtype=float32",  # fixed, not the default's auto
+           "learner.dtype=float32", "generator.dtype=float32",  # fixed, not the default's auto
            "generator.tasks_per_step=3", "generator.group_size=4",
            "generator.max_context_tokens=4096", "env.replicas_per_actor=12", "env.weight=2",
            f"extra_envs=[{json.dumps(sciworld)}]", *args.overrides]

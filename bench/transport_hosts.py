@@ -7,8 +7,8 @@ The two hosts are network namespaces joined by a veth pair (bench/twohosts.py, n
 The receiver always runs on host A, the sender on host A (over A's loopback: the same-host rows)
 or on host B (over the veth: the cross-host rows, as a generator on another node pushes to the
 ingest). Both are separate processes started in their namespace; the sender builds the same
-trajectories as bench/transport.py before its clock starts, and stops it when the receiver
-holds every trajectory decoded (both keep what they decoded): for raw TCP the receiver's
+trajectories as bench/transport_throughput.py before its clock starts, and stops it when the
+receiver holds every trajectory decoded (both keep what they decoded): for raw TCP the receiver's
 one-byte reply after the last one, for gRPC the acks of the last batch (the ingest acks what
 it has stored). Encoding counts.
 Both gRPC rows use a token, as an ingest off loopback must. The veth has no bandwidth or
@@ -28,9 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from transport import batches, make_trajectories
-from twohosts import TwoHosts, can_run
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.transport_throughput import batches, make_trajectories
+from bench.twohosts import TwoHosts, can_run
 from horizonrl.cluster.provenance import command_line
 from horizonrl.protos.codec import decode, encode
 
@@ -78,7 +80,7 @@ def send(kind: str, address: str, n: int, tokens: int, batch: int) -> None:
     with TrajectorySender(address, deadline_s=120.0, auth_token=TOKEN) as sender:
         sender.send(trajs[:1])  # connected before the clock starts, as the TCP row is
         t0 = time.perf_counter()
-        # Pipelined, as a generator pushes (bench/transport.py's gRPC row).
+        # Pipelined, as a generator pushes (bench/transport_throughput.py's gRPC row).
         for f in [sender.send_async(b) for b in batches(trajs[1:], batch)]:
             f.result()
         print(time.perf_counter() - t0, flush=True)

@@ -1,8 +1,8 @@
 """Trajectory transport throughput: the gRPC Push stream against Ray object references and a raw
 loopback TCP socket, for realistic multi-turn trajectories, as ratios in one run.
 
-    .venv/bin/python bench/transport.py [--trajectories 400] [--tokens 5000] [--batch 16] \
-        [--out docs/transport.json]
+    .venv/bin/python bench/transport_throughput.py [--trajectories 400] [--tokens 5000] \
+        [--batch 16] [--out docs/transport.json]
 
 Every method moves the same trajectories (1k prompt tokens, the rest a 4-turn response with its
 mask and float32 logprobs) from this process (the generator) to another process (the learner),

@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
-import long_horizon  # bench/long_horizon.py: a script's own folder is on sys.path
+if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench import long_horizon
 from horizonrl.cluster.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +42,7 @@ def train(config: str, variant: str, seed: int, runs: Path, extra: list[str]) ->
     """One run (bench/long_horizon.py's: a subprocess, continued if an earlier invocation
     left it) under RUNS/<variant>/seed<S>."""
     # fp32, not the embedded default's auto: the comparison then means the same on every CPU.
-    fixed = ["learner.dtype=fp32", "generator.dtype=float32"]
+    fixed = ["learner.dtype=float32", "generator.dtype=float32"]
     run_dir, _, _ = long_horizon.train(config, seed, runs / variant.replace(":", ""),
                                        [*fixed, *overrides(variant), *extra])
     return run_dir

@@ -92,7 +92,8 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
         path.write_text("".join(f"{line}\n" for line in keep))
 
 
-def write_probe(folder: Path, ids: list[int], logprobs: list[float], dtype: str = "fp32") -> None:
+def write_probe(folder: Path, ids: list[int], logprobs: list[float],
+                dtype: str = "float32") -> None:
     """The probe's logprobs and the precision the learner computed them in (`learner.dtype`
     resolved), so a check recomputes them in the same one."""
     (folder / PROBE_FILE).write_text(json.dumps({"input_ids": ids, "logprobs": logprobs,

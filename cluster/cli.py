@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
                    "action in a turn (not learned: response_mask 0); the expert recovers")
     d.add_argument("--thought", default="short", choices=["short", "none"], help="reply "
                    "format: 'Thought: ... Action: ...' or the action line alone")
-    d.add_argument("--max-turns", type=int, default=30, help="turn cap per episode")
+    d.add_argument("--horizon", "--max-turns", dest="max_turns", type=int, default=30,
+                   help="turn cap per episode (--max-turns: its former name)")
     d.add_argument("--model", help="take the tokenizer from this save_pretrained folder "
                    "(default: the config's model)")
     d.add_argument("overrides", nargs="*", help="dotted overrides of the run config")
@@ -76,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--split", default="eval", choices=["eval", "train-new"], help="task "
                    "split: eval (held-out tasks, seeds from 1,000,000) or train-new (training "
                    "tasks in instances training never draws, seeds from 2,000,000)")
-    v.add_argument("--max-turns", default="5", help="comma-separated turn budgets, e.g. 2,4,8")
+    v.add_argument("--horizons", "--max-turns", dest="max_turns", default="5",
+                   help="comma-separated horizons (turn budgets), e.g. 2,4,8 (--max-turns: its "
+                   "former name)")
     v.add_argument("--k", default="1", help="comma-separated K for pass@K; max(K) samples are "
                    "drawn per task")
     v.add_argument("--tasks", type=int, default=20, help="eval tasks per env")
@@ -132,7 +135,7 @@ def demos(args: argparse.Namespace, cfg: Any) -> int:
     from horizonrl.cluster.runtime import ray_session
 
     if args.episodes < 1 or args.max_turns < 1 or not 0 <= args.noise < 1:
-        print("horizonrl: demos: --episodes and --max-turns must be positive and --noise in "
+        print("horizonrl: demos: --episodes and --horizon must be positive and --noise in "
               "[0, 1)", file=sys.stderr)
         return 2
     model = args.model or str(ensure_model(cfg.model, env=cfg.env))
@@ -152,7 +155,7 @@ def run_eval(args: argparse.Namespace, cfg: Any) -> int:
         ks = sorted({int(k) for k in args.k.split(",")})
         turns = sorted({int(h) for h in args.max_turns.split(",")})
         if min(ks) < 1 or min(turns) < 1 or args.tasks < 1:
-            raise ValueError("--k, --max-turns and --tasks must be positive")
+            raise ValueError("--k, --horizons and --tasks must be positive")
         models = {_label(s, specs): resolve_model(s, cfg) for s in specs}
     except (ValueError, FileNotFoundError) as exc:
         print(f"horizonrl: eval: {exc}", file=sys.stderr)

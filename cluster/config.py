@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,25 @@ from horizonrl.learner.config import LearnerConfig
 # docs/presets.json (bench/presets.py): xs 0.50M, s 4.9M, m 25.6M.
 TINY_PRESETS = {"xs": (128, 2), "s": (256, 6), "m": (512, 8)}
 TINY_MAX_POSITIONS = 4096  # the locally built model's max_position_embeddings
+
+
+def renamed_fields(data: Any, renames: dict[str, str], section: str) -> Any:
+    """A section's raw mapping with its former field names (`renames`: old -> new) moved to the
+    new ones, warning once per name; both names at once is an error. One vocabulary: `horizon`
+    is the interaction budget wherever a user sets one."""
+    if not isinstance(data, dict) or not set(renames) & set(data):
+        return data
+    data = dict(data)
+    for old, new in renames.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ValueError(f"{section}.{old} and {section}.{new} are one setting (its former "
+                             f"and its new name): give only {section}.{new}")
+        warnings.warn(f"{section}.{old} is now {section}.{new} (the old name is read for one "
+                      "release)", FutureWarning, stacklevel=2)
+        data[new] = data.pop(old)
+    return data
 
 
 class TinyModelConfig(BaseModel):
@@ -42,7 +62,8 @@ class TinyModelConfig(BaseModel):
     hidden_size: int = Field(128, ge=16, description="Qwen2 hidden size (4 heads, 2 KV heads).")
     num_layers: int = Field(2, ge=1, description="Transformer layers.")
     transcripts: int = Field(6000, ge=10, description="Random-policy episodes to pre-train on.")
-    max_turns: int = Field(6, ge=1, description="Longest transcript, in turns.")
+    horizon: int = Field(6, ge=1, description="Longest transcript, in turns (formerly "
+                         "max_turns).")
     pretrain_steps: int = Field(
         600, ge=0, description="Next-token steps on the transcripts (~3 min on 2 cores)."
     )
@@ -59,6 +80,11 @@ class TinyModelConfig(BaseModel):
         "copying a name from a passage is copying one token. Needs tokenizer=word and a "
         "vocab_size the names fit in (the build prints how many are whole; BPE stops adding "
         "entries once every word is whole, so a generous vocab_size costs nothing).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed_fields(data, {"max_turns": "horizon"}, "model.tiny")
 
     @model_validator(mode="after")
     def _names_need_words(self) -> TinyModelConfig:
@@ -99,6 +125,11 @@ class RayConfig(BaseModel):
         "resources to hold the run's actors (an autoscaling cluster adds nodes meanwhile), "
         "printing what is missing; 0 fails at once with what is missing.",
     )
+    log_to_driver: bool = Field(
+        False, description="Stream every actor's stdout and stderr to this console (vLLM's, "
+        "DeepSpeed's and Triton's start-up notices included). Off: the console shows progress, "
+        "decisions and errors, and actor output stays in Ray's session logs, which the run "
+        "dir links as ray-logs.")
 
 
 class MetricsConfig(BaseModel):
@@ -127,9 +158,14 @@ class EvalConfig(BaseModel):
     tasks: int = Field(16, ge=1, description="Eval tasks per env (the first seeds of its eval "
                        "split, the same every time).")
     samples: int = Field(1, ge=1, description="Episodes per task (pass@samples is logged).")
-    max_turns: list[int] = Field(
-        default_factory=list, description="Turn budgets to evaluate; empty: the curriculum's "
-        "current horizon.")
+    horizons: list[int] = Field(
+        default_factory=list, description="Horizons (turn budgets) to evaluate; empty: the "
+        "curriculum's current horizon (formerly max_turns).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed_fields(data, {"max_turns": "horizons"}, "eval")
 
 
 class InitConfig(BaseModel):
@@ -148,7 +184,8 @@ class InitConfig(BaseModel):
                                "seeds drawn from the run seed) when `demos` is unset.")
     demo_noise: float = Field(0.0, ge=0, lt=1, description="Probability of a random valid "
                               "action per demo turn (kept in context, masked out of the loss).")
-    demo_max_turns: int = Field(30, ge=1, description="Turn cap of an expert episode.")
+    demo_horizon: int = Field(30, ge=1, description="Turn cap of an expert episode (formerly "
+                              "demo_max_turns).")
     thought: Literal["short", "none"] = Field(
         "short", description="Demo reply format: 'Thought: I will X.\\nAction: X', or the "
         "action line alone.")
@@ -158,13 +195,19 @@ class InitConfig(BaseModel):
                           "to 10%).")
     eval_tasks: int = Field(32, ge=0, description="Eval-split tasks to score the base and the "
                             "cloned model on before RL (0: skip).")
-    eval_max_turns: int | None = Field(
-        None, ge=1, description="Turn budget of that evaluation; unset: the curriculum's last "
-        "horizon.")
+    eval_horizon: int | None = Field(
+        None, ge=1, description="Horizon (turn budget) of that evaluation; unset: the "
+        "curriculum's last horizon (formerly eval_max_turns).")
     replay_batch: int = Field(
         0, ge=0, description="Demonstrations replayed during RL: after every RL update, one "
         "SFT step (at the RL learning rate) on this many episodes drawn from the demos "
         "(init.demos, or those the warm start collected); 0: off.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed_fields(data, {"demo_max_turns": "demo_horizon",
+                                     "eval_max_turns": "eval_horizon"}, "init")
 
     @model_validator(mode="after")
     def _has_data(self) -> InitConfig:

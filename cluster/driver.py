@@ -76,6 +76,7 @@ class Trainer:
         self.resume_phase = resume.phase if resume else None  # read by the rollout phase
         self.policy_version = resume.policy_version if resume else 0
         self.generator_restarts = 0
+        self._context_warned = False
         self.ingest, self.ingest_address, self.ingest_token = open_ingest(cfg.learner.ingest)
         # On the driver's node: the schedule's state must not die with a rollout node.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -197,6 +198,14 @@ class Trainer:
         lc = self.cfg.learner
         return apply_overlong(got + self.ingest.drain(), lc.overlong, lc.overlong_penalty)
 
+    def _warn_context(self, trajs: list[Trajectory]) -> None:
+        """Once per run (it would repeat every step): an episode the context limit ended."""
+        err = next((t.info["context_error"] for t in trajs if "context_error" in t.info), "")
+        if err and not self._context_warned:
+            self._context_warned = True
+            print(f"[horizonrl] an episode ended because {err}; raise "
+                  "generator.max_context_tokens or lower max_tokens_per_turn", flush=True)
+
     def step(self) -> dict[str, Any]:
         """One full iteration; returns (and logs) its metrics."""
         import ray
@@ -258,6 +267,7 @@ class Trainer:
         if self.exporter is not None:
             self.exporter.observe(flat, trajs)
         self.last_trajectories = trajs
+        self._warn_context(trajs)
         if self.cfg.save_trajectories:
             log = self.run_dir / "trajectories"
             log.mkdir(exist_ok=True)
@@ -322,7 +332,7 @@ class Trainer:
         from horizonrl.cluster.evaluate import run_sweep
 
         e = self.cfg.eval
-        turns = e.max_turns or [ray.get(self.curriculum.current.remote())[0]]
+        turns = e.horizons or [ray.get(self.curriculum.current.remote())[0]]
         # Raw trajectories: the eval reports the env's rewards, not a training rule (overlong).
         timeout_s = self.cfg.learner.ingest.collect_timeout_s
         # Async: rollouts in flight push into the same ingest; training takes theirs later.

@@ -42,7 +42,8 @@ def probe_diff(model_dir: Path, probe_file: Path) -> float:
     from horizonrl.learner.algorithms import token_logprobs
 
     probe = json.loads(probe_file.read_text())
-    dtype = torch.bfloat16 if probe.get("dtype") == "bf16" else torch.float32  # older: fp32
+    # "bf16": a probe written before the learner took torch's dtype names; none: fp32.
+    dtype = torch.bfloat16 if probe.get("dtype") in ("bfloat16", "bf16") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     ids = torch.tensor([probe["input_ids"]])
     with torch.no_grad():

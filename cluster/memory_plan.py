@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 2**30
-_BYTES = {"fp32": 4, "bf16": 2, "float32": 4, "bfloat16": 2, "float16": 2}
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True, slots=True)

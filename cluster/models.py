@@ -15,6 +15,7 @@ def tiny_model_dir(cfg: ModelConfig, env: EnvConfig) -> Path:
     tiny = cfg.tiny.model_dump()
     if not tiny["names"]:  # a field added later counts only when set: older caches stay valid
         del tiny["names"]
+    tiny["max_turns"] = tiny.pop("horizon")  # its former name: caches built before stay valid
     key = json.dumps({"tiny": tiny, "env": env.name, "kwargs": env.kwargs}, sort_keys=True)
     return Path(cfg.cache_dir) / f"tiny-{env.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
@@ -31,6 +32,8 @@ def ensure_model(cfg: ModelConfig, *, env: EnvConfig) -> Path:
     if (out / "config.json").exists():
         return out
     tmp = out.with_name(out.name + ".building")
+    print(f"[horizonrl] building the tiny model into {out} (its first use with this config: "
+          "minutes on a CPU; later runs reuse it)", flush=True)
     build_from_config(tmp, cfg.tiny, env=env)
     tmp.rename(out)  # only a finished build is ever found by the check above
     return out

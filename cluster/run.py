@@ -19,7 +19,7 @@ from horizonrl.cluster.plan import wait_until_fits
 def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     """Run `cfg.iterations` iterations in total (a resumed run does the rest); returns the
     run directory."""
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.runtime import link_worker_logs, ray_session
 
     base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
     check_context(base, cfg.generator.max_context_tokens)
@@ -28,6 +28,9 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
         wait_until_fits(cfg)  # before a run dir exists: a run that cannot start leaves none
         check_multinode(cfg, model_dir=base)  # several nodes: reachable ingest, shared paths
         run_dir, state = _open_run(cfg, resume)
+        if not cfg.ray.log_to_driver and (logs := link_worker_logs(run_dir)) is not None:
+            print(f"[horizonrl] actor output (vLLM, DeepSpeed, envs): {logs} (run_dir/ray-logs)",
+                  flush=True)
         if state is None and cfg.init.sft_epochs > 0:
             from horizonrl.cluster.warm_start import run_warm_start
 

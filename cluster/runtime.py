@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from horizonrl.cluster.config import RayConfig
 
@@ -53,6 +54,25 @@ def start_local(init: Callable[[], object], attempts: int = LOCAL_START_ATTEMPTS
             psutil.wait_procs(stray, timeout=10)
 
 
+def link_worker_logs(run_dir: Path) -> Path | None:
+    """run_dir/ray-logs -> this Ray session's log folder (every actor's stdout and stderr), where
+    the driver's machine holds it; the link's target, or None where it is not here."""
+    import ray
+
+    try:  # Ray has no public accessor for the session's log folder
+        logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    except AttributeError:  # not a node of this machine (a client connection)
+        return None
+    if not logs.is_dir():
+        return None
+    link = run_dir / "ray-logs"
+    if link.is_symlink():  # a resumed run: the new session's logs
+        link.unlink()
+    if not link.exists():
+        link.symlink_to(logs, target_is_directory=True)
+    return logs
+
+
 @contextmanager
 def ray_session(cfg: RayConfig) -> Iterator[None]:
     """Join `cfg.address` (or RAY_ADDRESS under `ray job submit`), else run a local Ray."""
@@ -60,7 +80,7 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
 
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=cfg.log_to_driver)
     else:
         os.environ.update(LOCAL_RAY_ENV)
         # address="local": always a Ray of our own; without it ray.init joins any Ray already
@@ -68,7 +88,7 @@ def ray_session(cfg: RayConfig) -> Iterator[None]:
         start_local(lambda: ray.init(
             address="local", num_cpus=cfg.num_cpus, include_dashboard=False,
             _node_ip_address="127.0.0.1",
-            log_to_driver=True, runtime_env={"env_vars": LOCAL_RAY_ENV}))
+            log_to_driver=cfg.log_to_driver, runtime_env={"env_vars": LOCAL_RAY_ENV}))
     try:
         yield
     finally:

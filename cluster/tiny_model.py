@@ -204,7 +204,7 @@ def tiny_qwen2_config(vocab: int, hidden_size: int, num_layers: int):
 
 def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: dict | None = None,
                      vocab_size: int = 1024, hidden_size: int = 128, num_layers: int = 2,
-                     transcripts: int = 6000, max_turns: int = 6, pretrain_steps: int = 600,
+                     transcripts: int = 6000, horizon: int = 6, pretrain_steps: int = 600,
                      batch_size: int = 32, lr: float = 2e-3, seed: int = 0,
                      preset: str | None = None, tokenizer: str = "phrase",
                      thought: str = "none", reading: int = 0, names: bool = False) -> Path:
@@ -223,7 +223,7 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
     torch.manual_seed(seed)
     t0 = time.time()
     episodes = random_transcripts(env_name=env_name, env_kwargs=env_kwargs,
-                                  episodes=transcripts, max_turns=max_turns, seed=seed,
+                                  episodes=transcripts, max_turns=horizon, seed=seed,
                                   thought=thought)
     print(f"[make-tiny-model] {len(episodes)} random-policy transcripts "
           f"({time.time() - t0:.0f}s)", flush=True)

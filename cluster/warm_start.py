@@ -94,7 +94,7 @@ def _demos(cfg: RunConfig, root: Path, base_model: str) -> Path:
     else:  # an interrupted collection starts over
         collect_demos(cfg, model_path=base_model, episodes=cfg.init.demo_episodes, out=out,
                       noise=cfg.init.demo_noise, thought=cfg.init.thought,
-                      max_turns=cfg.init.demo_max_turns)
+                      max_turns=cfg.init.demo_horizon)
     return out
 
 
@@ -159,7 +159,7 @@ def _clone(cfg: RunConfig, examples: list[Any], *, base_model: str, out: Path) -
 
 def _evaluate(cfg: RunConfig, out: Path, *, base: str, cloned: str) -> dict[str, Any]:
     """Eval-split accuracy of the base and the cloned model at one turn budget."""
-    h = cfg.init.eval_max_turns or cfg.curriculum.horizons[-1]
+    h = cfg.init.eval_horizon or cfg.curriculum.horizons[-1]
     if (out / "results.json").exists():
         print(f"[warm-start] eval: reusing {out}", flush=True)
         results = json.loads((out / "results.json").read_text())

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from horizonrl.protos.placement import CustomResources
+from horizonrl.protos.precision import dtype_name
 
 
 class IngestConfig(BaseModel):
@@ -141,12 +142,14 @@ class LearnerConfig(BaseModel):
         "few nodes as fit (gloo/NCCL traffic stays local), SPREAD one per node where it can.")
     torch_threads: int = Field(1, ge=1, description="Intra-op threads per rank.")
     zero_stage: Literal[1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
-    dtype: Literal["fp32", "bf16", "auto"] = Field(
-        "fp32", description="Compute precision of the policy (and critic and reference): bf16 "
-        "trains through DeepSpeed's bf16 mode, fp32 master weights in the optimizer; logprobs "
-        "and losses are computed in fp32 either way. Needs bf16 hardware (GPUs from Ampere; "
-        "CPUs with AVX-512 BF16 or AMX, as docs/precision.md measures). auto: bf16 where each "
-        "rank's device has it natively, else fp32 (all ranks must agree).")
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="Compute precision of the policy (and critic and reference), "
+        "named as generator.dtype names it: bfloat16 trains through DeepSpeed's bf16 mode, fp32 "
+        "master weights in the optimizer; logprobs and losses are computed in fp32 either way. "
+        "Needs bf16 hardware (GPUs from Ampere; CPUs with AVX-512 BF16 or AMX, as "
+        "docs/precision.md measures). auto: bfloat16 where each rank's device has it natively, "
+        "else float32 (all ranks must agree). The former names fp32 and bf16 are read with a "
+        "warning.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass (HF gradient "
         "checkpointing): less memory for long sequences, ~30% more compute.")
@@ -206,6 +209,11 @@ class LearnerConfig(BaseModel):
             raise ValueError(f"learner.seq_mask_band {list(band)}: need 0 < low <= 1 <= high "
                              "(ratios of learner to vLLM probabilities; 1 is no mismatch)")
         return band
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_name(cls, value: object) -> object:
+        return dtype_name(value, "learner.dtype")
 
     @field_validator("algorithm")
     @classmethod

@@ -36,7 +36,7 @@ def deepspeed_config(cfg: LearnerConfig, micro_batch: int, lr: float) -> dict[st
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": cfg.weight_decay,
                                                   "torch_adam": True}},
         "zero_optimization": {"stage": cfg.zero_stage},
-        "bf16": {"enabled": cfg.dtype == "bf16"},
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -60,7 +60,7 @@ def local_gpu_ordinal(assigned: Sequence[str | int], visible: str | None) -> int
 
 
 def compute_dtype(cfg: LearnerConfig) -> torch.dtype:
-    return torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    return torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
 
 
 def save_engines(path: str, engines: dict[str, Any], *, rank: int, updates: int) -> None:

@@ -83,7 +83,8 @@ def agreed_precision(per_rank: Sequence[str]) -> str:
     (`auto` on nodes with and without bf16) are refused before their process group forms."""
     if len(set(per_rank)) != 1:
         raise ValueError(f"learner.dtype resolved to {list(per_rank)} across ranks (`auto` on "
-                         "nodes with and without native bf16): set learner.dtype to fp32 or bf16")
+                         "nodes with and without native bf16): set learner.dtype to float32 or "
+                         "bfloat16")
     return per_rank[0]
 
 

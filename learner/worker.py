@@ -58,7 +58,7 @@ class LearnerWorker:
         self.updates = 0
 
     def precision(self) -> str:
-        """The dtype this rank computes in, "fp32" or "bf16": `auto` is decided by the device
+        """The dtype this rank computes in, "float32" or "bfloat16": `auto` is decided by the device
         it trains on (the group checks that all ranks agree before they meet)."""
         _, ordinal = self.assigned_gpu()
         on_gpu = ordinal is not None and torch.cuda.is_available()
@@ -285,8 +285,9 @@ class LearnerWorker:
         out = dict(shard)
         out["prox_logprobs"] = (prox * shard["loss_mask"]).astype(np.float32)
         weights, stats = rollout_correction(
-            torch.from_numpy(out["prox_logprobs"]), torch.from_numpy(shard["old_logprobs"]),
-            torch.from_numpy(shard["loss_mask"]), tis=bool(self.cfg.decoupled_loss),
+            # Copies: the shard's arrays are read-only views of Ray's object store.
+            torch.tensor(out["prox_logprobs"]), torch.tensor(shard["old_logprobs"]),
+            torch.tensor(shard["loss_mask"]), tis=bool(self.cfg.decoupled_loss),
             cap=self.cfg.is_cap, band=self.cfg.seq_mask_band)
         out["is_weights"] = weights.numpy().astype(np.float32)
         return out, {k: float(v) for k, v in stats.items()}

@@ -10,10 +10,12 @@ measures both precisions on a CPU with AVX-512 BF16.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-# Learner names (DeepSpeed's "bf16" mode) and engine names (vLLM's dtype) of one precision.
-ENGINE_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+# The learner's former names of its precisions (before both roles took torch's dtype names);
+# read for one release with a warning naming the new one.
+OLD_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 _CPU_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
@@ -41,15 +43,26 @@ def bf16_native(device: str = "cpu", *, flags: set[str] | None = None) -> bool:
     return bool(_CPU_BF16_FLAGS & (cpu_flags() if flags is None else flags))
 
 
+def dtype_name(value: object, field: str) -> object:
+    """`value` of config field `field` with a former name (fp32, bf16) replaced by torch's
+    (float32, bfloat16), saying so; anything else as given, for the field's own check."""
+    new = OLD_DTYPE_NAMES.get(value) if isinstance(value, str) else None
+    if new is None:
+        return value
+    warnings.warn(f"{field}: {value!r} is now called {new!r} (the old name is read for one "
+                  "release)", FutureWarning, stacklevel=2)
+    return new
+
+
 def learner_dtype(setting: str, *, native_bf16: bool) -> str:
-    """`learner.dtype` resolved to "fp32" or "bf16" (`auto`: bf16 where it is native)."""
+    """`learner.dtype` resolved to "float32" or "bfloat16" (`auto`: bfloat16 where native)."""
     if setting != "auto":
         return setting
-    return "bf16" if native_bf16 else "fp32"
+    return "bfloat16" if native_bf16 else "float32"
 
 
 def engine_dtype(setting: str, *, native_bf16: bool) -> str:
     """`generator.dtype` resolved to a vLLM dtype (`auto` by the learner's rule)."""
     if setting != "auto":
         return setting
-    return ENGINE_DTYPE[learner_dtype("auto", native_bf16=native_bf16)]
+    return learner_dtype("auto", native_bf16=native_bf16)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.protos.precision import ENGINE_DTYPE, bf16_native, learner_dtype
+from horizonrl.protos.precision import bf16_native, learner_dtype
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +73,15 @@ def test_train_cli_writes_run_dir(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "step   2/2" in out.stdout
     (run_dir,) = tmp_path.iterdir()
+    # A quiet console: no actor's output (Ray prefixes it "(GeneratorActor pid=N)"); it is in
+    # the Ray session's logs, which the run dir links.
+    console = out.stdout + out.stderr
+    for actor in ("GeneratorActor", "LearnerWorker", "EnvWorker"):
+        assert f"({actor} pid=" not in console, console[-3000:]
+    logs = run_dir / "ray-logs"
+    assert logs.is_symlink() and "(run_dir/ray-logs)" in console
+    assert any(":actor_name:GeneratorActor" in p.read_text(errors="replace")
+               for p in logs.glob("worker-*.out")), "the generator's output is not in ray-logs"
     assert (run_dir / "config.yaml").read_text().startswith("name: e2e")
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all("success_rate" in x for x in lines)
@@ -95,7 +104,7 @@ def test_train_cli_writes_run_dir(tmp_path):
     precision = json.loads((run_dir / "precision.json").read_text())
     assert probe["dtype"] == precision["learner"] == learner_dtype(
         "auto", native_bf16=bf16_native("cpu"))
-    dtype = ENGINE_DTYPE[probe["dtype"]]
+    dtype = probe["dtype"]  # the learner and the engine name precisions alike
     script = (
         "import json, sys\n"
         "from actors.engine import VLLMEngine\n"

@@ -22,7 +22,7 @@ def _cmd(run_root: Path, iterations: int, *extra: str) -> list[str]:
             "name=ws", f"iterations={iterations}", "metrics.port=0", f"run_root={run_root}",
             "checkpoint_every=0", "generator.tasks_per_step=2", "generator.group_size=4",
             "env.replicas_per_actor=8", "init.sft_epochs=2", "init.demo_episodes=24",
-            "init.sft_batch_size=8", "init.eval_tasks=4", "init.eval_max_turns=3", *extra]
+            "init.sft_batch_size=8", "init.eval_tasks=4", "init.eval_horizon=3", *extra]
 
 
 def test_warm_start_killed_then_resumed_then_rl_resumed(tmp_path, kill_when):

@@ -25,7 +25,7 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
         "generator.tasks_per_step=4", "generator.group_size=4", "curriculum.horizons=[3]",
         "learner.minibatches=1", "learner.lr=1e-3", "learner.warmup_steps=0",
         "learner.skip_zero_variance_groups=false",
-        "learner.dtype=fp32", "generator.dtype=float32"])  # the 1e-4 logprob checks need fp32
+        "learner.dtype=float32", "generator.dtype=float32"])  # the 1e-4 logprob checks need fp32
     lags, dropped = [], []
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         assert trainer.learner.cfg.decoupled_loss  # on by default in async mode

@@ -69,7 +69,7 @@ def test_learner_scores_the_independent_loops_trajectories_as_recorded(tmp_path)
         "name=indep", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
         "checkpoint_every=0", "generator.loop=independent", "generator.max_episodes_in_flight=6",
         "env.replicas_per_actor=8", "generator.tasks_per_step=3", "generator.group_size=4",
-        "curriculum.horizons=[4]", "learner.dtype=fp32", "generator.dtype=float32"])
+        "curriculum.horizons=[4]", "learner.dtype=float32", "generator.dtype=float32"])
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         tasks = [Task(task_id=f"babyai-{s}", seed=s) for s in (3, 5, 8)]
         report = ray.get(trainer.generators[0].rollout.remote(tasks, group_size=4, step=0))

@@ -158,7 +158,7 @@ def test_zero_stage_matches_torch_reference(ray_local, batches, tiny_model_path,
 
 @pytest.mark.parametrize("kw,tol", [
     pytest.param({"gradient_checkpointing": True}, LOSS_TOL, marks=pytest.mark.slow),
-    ({"dtype": "bf16"}, BF16_LOSS_TOL),
+    ({"dtype": "bfloat16"}, BF16_LOSS_TOL),
     # auto: this host's rule (bf16 where the CPU has AVX-512 BF16 or AMX), every rank alike.
     pytest.param({"dtype": "auto"}, BF16_LOSS_TOL if bf16_native("cpu") else LOSS_TOL,
                  marks=pytest.mark.slow)], ids=["checkpointing", "bf16", "auto"])
@@ -179,7 +179,7 @@ def test_precision_and_checkpointing_match_the_fp32_reference(ray_local, batches
     print(f"\n{kw}: losses {[round(x, 6) for x in got]}; max |got - fp32 torch| {diff:.2e}")
     assert diff < tol, (got, want)
     assert group.dtype == learner_dtype(cfg.dtype, native_bf16=bf16_native("cpu"))
-    if group.dtype == "bf16":
+    if group.dtype == "bfloat16":
         assert diff > 1e-6, "bf16 gave fp32's losses exactly: it did not run in bf16"
 
 
@@ -251,7 +251,7 @@ def test_turn_level_credit_on_window_rows_on_real_ranks(ray_local, batches, tiny
     assert stats["anchor_groups"] >= 1 and 0 < stats["step_adv_nonzero_share"] <= 1
 
 
-@pytest.mark.slow  # bench/algorithms.py trains each from the CLI; unit tests check the math
+@pytest.mark.slow  # bench/algorithm_compare.py trains each from the CLI; unit tests check the math
 @pytest.mark.parametrize("algorithm", ["rloo", "reinforce_pp"])
 def test_other_algorithms_update(ray_local, batches, tiny_model_path, tokenizer, algorithm):
     group = _group(learner_cfg(algorithm=algorithm), tiny_model_path, tokenizer)

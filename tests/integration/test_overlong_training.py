@@ -50,7 +50,7 @@ def _config(mode: str, root: Path, model: Path):
         "generator.tasks_per_step=4", "generator.group_size=4",
         "learner.world_size=1", "learner.minibatches=1", "learner.warmup_steps=0",
         f"learner.overlong={mode}", f"learner.overlong_penalty={PENALTY}",
-        "eval.every=1", "eval.tasks=8", "eval.max_turns=[3]",
+        "eval.every=1", "eval.tasks=8", "eval.horizons=[3]",
     ])
 
 

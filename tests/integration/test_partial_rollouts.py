@@ -56,7 +56,7 @@ def test_an_episode_spans_a_weight_update_turn_by_turn(tmp_path):
         "name=partial", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
         "checkpoint_every=0", "mode=async", "generator.partial_rollouts=true",
         "env.replicas_per_actor=8", "generator.tasks_per_step=2", "generator.group_size=4",
-        "curriculum.horizons=[4]", "learner.dtype=fp32", "generator.dtype=float32",
+        "curriculum.horizons=[4]", "learner.dtype=float32", "generator.dtype=float32",
         # Version 1 must differ from 0 whatever the rewards: an entropy bonus on every group.
         "learner.skip_zero_variance_groups=false", "learner.entropy_coef=0.5",
         "learner.kl_coef=0"])

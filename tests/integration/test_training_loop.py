@@ -30,9 +30,9 @@ def cfg(tmp_path_factory):
         "env.replicas_per_actor=16", "generator.tasks_per_step=4", "generator.group_size=4",
         "curriculum.horizons=[2, 3]", "curriculum.steps_per_stage=1",
         "learner.minibatches=1", "learner.lr=1e-3", "learner.warmup_steps=0",
-        "eval.every=2", "eval.tasks=2", "eval.max_turns=[2, 4]",
+        "eval.every=2", "eval.tasks=2", "eval.horizons=[2, 4]",
         # fp32, not the default's auto: learner and vLLM logprobs agree to 1e-4 only there.
-        "learner.dtype=fp32", "generator.dtype=float32",
+        "learner.dtype=float32", "generator.dtype=float32",
     ])
 
 

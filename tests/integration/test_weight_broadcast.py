@@ -20,7 +20,7 @@ TOL = 1e-4  # fp32 on both sides; vLLM's prompt logprobs matched HF's to ~1e-6 b
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    import gpu_check  # bench/gpu_check.py (bench/ is on pytest's pythonpath)
+    from bench import gpu_check
 
     return gpu_check
 

@@ -33,7 +33,7 @@ def test_rows_are_the_contexts_vllm_sampled_from(tmp_path):
         "generator.group_size=4", "curriculum.horizons=[5]", "generator.context.mode=window",
         "generator.context.keep_turns=1", "learner.minibatches=1", "learner.lr=1e-12",
         "learner.warmup_steps=0", "learner.skip_zero_variance_groups=false",
-        "learner.dtype=fp32", "generator.dtype=float32"])  # the 1e-4 logprob checks need fp32
+        "learner.dtype=float32", "generator.dtype=float32"])  # the 1e-4 logprob checks need fp32
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         m = trainer.step()
         trajs = trainer.last_trajectories

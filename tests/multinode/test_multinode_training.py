@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from twohosts import TwoHosts, can_run
+
+from bench.twohosts import TwoHosts, can_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode,
               pytest.mark.skipif(can_run() is not None, reason=str(can_run()))]

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from twohosts import can_run
+
+from bench.twohosts import can_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode,
               pytest.mark.skipif(can_run() is not None, reason=str(can_run()))]

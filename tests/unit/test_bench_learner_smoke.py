@@ -1,4 +1,5 @@
-"""bench/learner.py's pieces without Ray: the synthetic batch, the torch mirror, the table."""
+"""bench/learner_throughput.py's pieces without Ray: the synthetic batch, the torch mirror, the
+table."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench():
-    import learner  # bench/learner.py (bench/ is on pytest's pythonpath; the package is
-    # horizonrl.learner, so nothing is shadowed)
+    from bench import learner_throughput
 
-    return learner
+    return learner_throughput
 
 
 def test_synthetic_batch_is_multi_turn_and_no_group_is_skipped(bench) -> None:

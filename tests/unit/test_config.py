@@ -143,3 +143,30 @@ def test_tasks_split_over_generators_like_numpy_array_split():
             got = split_evenly([f"t{i}" for i in range(n)], parts)
             want = [[f"t{i}" for i in idx] for idx in np.array_split(np.arange(n), parts)]
             assert got == want, (n, parts)
+
+
+@pytest.mark.parametrize("old,new,read", [
+    ("init.demo_max_turns=12", "init.demo_horizon", lambda c: c.init.demo_horizon == 12),
+    ("init.eval_max_turns=7", "init.eval_horizon", lambda c: c.init.eval_horizon == 7),
+    ("eval.max_turns=[2, 4]", "eval.horizons", lambda c: c.eval.horizons == [2, 4]),
+    ("model.tiny.max_turns=9", "model.tiny.horizon", lambda c: c.model.tiny.horizon == 9),
+    ("learner.dtype=bf16", "'bfloat16'", lambda c: c.learner.dtype == "bfloat16"),
+    ("learner.dtype=fp32", "'float32'", lambda c: c.learner.dtype == "float32"),
+])
+def test_old_names_are_translated_naming_the_new_one(old, new, read):
+    with pytest.warns(FutureWarning, match=new):
+        cfg = load_config(ROOT / "configs/babyai-local.yaml", [old])
+    assert read(cfg)
+
+
+def test_an_old_and_a_new_name_together_are_refused():
+    with pytest.raises(ConfigError, match=r"init\.demo_max_turns and init\.demo_horizon"):
+        load_config(None, ["init.demo_max_turns=3", "init.demo_horizon=4"])
+
+
+def test_the_tiny_models_cache_key_survives_the_rename():
+    """Caches built when the field was `max_turns` stay valid (a 4-minute rebuild otherwise)."""
+    from horizonrl.cluster.models import tiny_model_dir
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml")
+    assert tiny_model_dir(cfg.model, cfg.env).name == "tiny-babyai-f8011016a7"

@@ -7,8 +7,9 @@ import gzip
 import json
 from pathlib import Path
 
-import doc_episodes  # bench/doc_episodes.py (bench/ is on pytest's pythonpath)
 import pytest
+
+from bench import doc_episodes
 
 
 def _write(folder: Path, records: list[dict], *, gz: bool) -> None:

@@ -7,9 +7,9 @@ import json
 import shlex
 from pathlib import Path
 
-import figures  # bench/figures.py (bench/ is on pytest's pythonpath)
 import pytest
 
+from bench import figures
 from horizonrl.cluster.provenance import ROOT, command_line
 
 DICT_ARG = "curriculum.env_weights={textcraft-d1: [3, 3], textcraft-d2: [1, 1]}"
@@ -106,7 +106,7 @@ def test_plan_builds_prerequisites_and_writers_before_readers(tmp_path: Path) ->
         assert figures.missing_inputs(argv, tmp_path, produced) == [], c
         produced += tuple(figures.outputs(argv))
     # A summary of an OUT folder's evaluations (given first) runs after the command writing it.
-    tasks = "python bench/miniwob_tasks.py docs/b --out docs/b/per_task.json"
+    tasks = "python bench/miniwob_per_task.py docs/b --out docs/b/per_task.json"
     assert [c for c, _ in figures.plan([(tasks, "docs/b/per_task.json"),
                                         (writer, "docs/b/results.json")], tmp_path)] == \
         [writer, tasks]
@@ -155,6 +155,13 @@ def test_a_result_is_older_than_the_code_changed_after_it(tmp_path: Path) -> Non
         git("commit", "-qam", path)
     assert figures.code_commits_since(result, tmp_path) == 2
     assert figures.code_commits_since(figures.Result("docs/new.json", ()), tmp_path) is None
+    # A script renamed in the recorded command is not a rerun: the result stays as old.
+    (tmp_path / result.path).write_text("1, its command edited")
+    git("commit", "-qam", f"rename a script {figures.NOT_WRITTEN}")
+    assert figures.code_commits_since(result, tmp_path) == 2
+    (tmp_path / result.path).write_text("2")
+    git("commit", "-qam", "rerun")
+    assert figures.code_commits_since(result, tmp_path) == 0
 
 
 def test_a_page_gives_the_command_of_each_results_file_it_links(tmp_path: Path) -> None:
@@ -173,7 +180,7 @@ def test_a_page_gives_the_command_of_each_results_file_it_links(tmp_path: Path) 
 def test_the_training_summary_records_the_command_that_trained_the_runs(tmp_path: Path) -> None:
     """bench/long_horizon.py writes training.json itself, under its own command, so a rerun
     needs no second command naming run folders by their start time."""
-    import run_summary
+    from bench import run_summary
 
     run = tmp_path / "seed0" / "cfg__0__20261203-101010"
     run.mkdir(parents=True)
@@ -200,7 +207,7 @@ def test_the_training_summary_records_the_command_that_trained_the_runs(tmp_path
 def test_write_results_records_the_command_beside_the_fields_and_the_table(tmp_path: Path) -> None:
     import time
 
-    from report import write_results
+    from bench.report import write_results
 
     write_results(tmp_path, {"modes": {"sync": 1.0}}, "| a |\n|---|", started=time.perf_counter())
     got = json.loads((tmp_path / "results.json").read_text())

@@ -38,7 +38,7 @@ def test_model_states_match_deepspeeds_estimators(stage, gpus):
 
     params = QWEN_7B.params()
     largest = max(QWEN_7B.layer_params(), QWEN_7B.vocab * QWEN_7B.hidden)
-    ours = sum(model_states_bytes(params, zero_stage=stage, world_size=gpus, dtype="bf16",
+    ours = sum(model_states_bytes(params, zero_stage=stage, world_size=gpus, dtype="bfloat16",
                                   largest_layer=largest).values())
     if stage == 2:
         _, ds = estimate_zero2_model_states_mem_needs(params, gpus, 1, cpu_offload=False)
@@ -50,11 +50,11 @@ def test_model_states_match_deepspeeds_estimators(stage, gpus):
 
 
 def test_checkpointing_and_precision_lower_the_estimate():
-    full = activation_bytes(QWEN_7B, tokens=8192, dtype="bf16", checkpointing=False)
-    ckpt = activation_bytes(QWEN_7B, tokens=8192, dtype="bf16", checkpointing=True)
+    full = activation_bytes(QWEN_7B, tokens=8192, dtype="bfloat16", checkpointing=False)
+    ckpt = activation_bytes(QWEN_7B, tokens=8192, dtype="bfloat16", checkpointing=True)
     assert ckpt["activations"] < full["activations"] / 5
     assert ckpt["logits"] == full["logits"]  # the loss needs every logit either way
-    fp32 = model_states_bytes(10**9, zero_stage=2, world_size=8, dtype="fp32", largest_layer=0)
+    fp32 = model_states_bytes(10**9, zero_stage=2, world_size=8, dtype="float32", largest_layer=0)
     assert fp32["master_weights"] == 0  # fp32 training updates the parameters themselves
 
 
@@ -62,7 +62,7 @@ def test_dry_run_says_what_does_not_fit(capsys):
     from horizonrl.cluster.cli import main
 
     args = ["train", "--config", str(ROOT / "configs/babyai-local.yaml"), "--dry-run",
-            f"model.path={ROOT / 'configs/models/qwen2.5-7b'}", "learner.dtype=bf16",
+            f"model.path={ROOT / 'configs/models/qwen2.5-7b'}", "learner.dtype=bfloat16",
             "generator.dtype=bfloat16", "generator.max_context_tokens=8192"]
     assert main([*args, "--gpu-memory-gib", "80"]) == 2  # ZeRO-2 on 2 ranks: ~80 GiB states
     out = capsys.readouterr().out

@@ -40,19 +40,19 @@ def test_cuda_without_a_gpu_is_not_native_bf16():
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_resolves_alike_for_both_roles_and_explicit_settings_stay(native):
-    want = "bf16" if native else "fp32"
-    assert learner_dtype("auto", native_bf16=native) == want
-    assert engine_dtype("auto", native_bf16=native) == {"bf16": "bfloat16", "fp32": "float32"}[want]
-    for setting in ("fp32", "bf16"):
+    want = "bfloat16" if native else "float32"
+    assert learner_dtype("auto", native_bf16=native) == engine_dtype("auto", native_bf16=native) \
+        == want
+    for setting in ("float32", "bfloat16"):
         assert learner_dtype(setting, native_bf16=not native) == setting
     for setting in ("float32", "bfloat16", "float16"):
         assert engine_dtype(setting, native_bf16=not native) == setting
 
 
 def test_learner_ranks_that_resolve_differently_are_refused():
-    assert agreed_precision(["bf16", "bf16"]) == "bf16"
-    with pytest.raises(ValueError, match=r"\['bf16', 'fp32'\].*set learner.dtype"):
-        agreed_precision(["bf16", "fp32"])
+    assert agreed_precision(["bfloat16", "bfloat16"]) == "bfloat16"
+    with pytest.raises(ValueError, match=r"\['bfloat16', 'float32'\].*set learner.dtype"):
+        agreed_precision(["bfloat16", "float32"])
 
 
 def test_the_memory_plan_counts_auto_as_bf16(capsys):
@@ -61,8 +61,8 @@ def test_the_memory_plan_counts_auto_as_bf16(capsys):
     from horizonrl.cluster.plan import memory_report
 
     printed = {}
-    for learner, engine in (("auto", "auto"), ("bf16", "bfloat16"), ("fp32", "float32")):
+    for learner, engine in (("auto", "auto"), ("bfloat16", "bfloat16"), ("float32", "float32")):
         memory_report(load_config("configs/babyai-local.yaml", [
             f"learner.dtype={learner}", f"generator.dtype={engine}"]), gpu_gib=None)
         printed[learner] = capsys.readouterr().out
-    assert printed["auto"] == printed["bf16"] != printed["fp32"]
+    assert printed["auto"] == printed["bfloat16"] != printed["float32"]

@@ -39,7 +39,7 @@ class Handle:
 class Learner:
     """Counts the updates its weights hold; a checkpoint records that count."""
 
-    dtype = "fp32"
+    dtype = "float32"
 
     def __init__(self) -> None:
         self.updates = 0

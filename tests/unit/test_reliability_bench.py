@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import reliability  # bench/reliability.py (bench/ is on pytest's pythonpath)
+from bench import reliability
 
 
 def test_outcomes_keep_each_tests_printed_lines(tmp_path: Path) -> None:

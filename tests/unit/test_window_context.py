@@ -108,8 +108,8 @@ def test_rows_give_the_full_context_loss(tokenizer, tiny_model_path, agg, script
     assert whole != 0.0
 
 
-def test_window_shrinks_to_fit_and_a_turn_that_cannot_fit_ends_the_episode(tokenizer,
-                                                                          scripted_engine):
+def test_window_shrinks_to_fit_and_a_turn_that_cannot_fit_ends_the_episode(
+        tokenizer, scripted_engine, capsys):
     _loop, engine, _, _traj = _episode(tokenizer, scripted_engine, keep_turns=5)
     # The same episode in a context just big enough for the prompt and about two turns.
     budget = len(engine.prompts[2]) + 8
@@ -127,6 +127,17 @@ def test_window_shrinks_to_fit_and_a_turn_that_cannot_fit_ends_the_episode(token
                                        max_context=len(engine.prompts[0]) + 8)
     assert tight_traj.cut == "context" and tight_traj.num_turns == 1
     assert "max_context_tokens=" in tight_traj.info["context_error"]
+    # The driver says so on the console once per run (actor output stays in Ray's logs).
+    from types import SimpleNamespace
+
+    from horizonrl.cluster.driver import Trainer
+
+    trainer = SimpleNamespace(_context_warned=False)
+    for _ in range(2):
+        Trainer._warn_context(trainer, [full_traj, tight_traj])
+    out = capsys.readouterr().out
+    assert out.count("an episode ended because") == 1
+    assert tight_traj.info["context_error"] in out or full_traj.info["context_error"] in out
 
 
 def test_first_turn_that_cannot_fit_is_a_clear_error(tokenizer, scripted_engine):
