@@ -23,6 +23,7 @@ from typing import Protocol
 
 from horizonrl.actors.rollout import AgentLoop, Completion, Engine
 from horizonrl.envpool.pool import EnvError, EnvPool, PendingCall, Slot
+from horizonrl.protos.reports import RolloutSeconds
 from horizonrl.protos.trajectory import Failure
 
 _IDLE_WAIT_S = 0.001  # between checks of several pools while the engine has nothing to do
@@ -85,16 +86,34 @@ class Episode:
 
 @dataclass(slots=True)
 class Tally:
-    """What the run counted: seconds by where they went, tokens, steps, peak concurrency."""
+    """What a rollout counted, in either loop (lock-step or independent): seconds by where
+    they went, tokens, steps, peak concurrency."""
 
     generate: float = 0.0
     env: float = 0.0  # waiting on env calls with nothing for the engine to do
     overlap: float = 0.0  # env calls in flight while the engine stepped
+    transport: float = 0.0  # handing finished trajectories to the sender
     generated_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     env_steps: int = 0
     peak_in_flight: int = 0
+
+    def add(self, other: Tally) -> None:
+        """Count `other`'s figures in too (the peak is the larger one)."""
+        for name in self.__slots__:
+            if name != "peak_in_flight":
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.peak_in_flight = max(self.peak_in_flight, other.peak_in_flight)
+
+    def seconds(self) -> RolloutSeconds:
+        return RolloutSeconds(generate=self.generate, env=self.env, transport=self.transport,
+                              overlap=self.overlap)
+
+    def counts(self) -> dict[str, int]:
+        """The token and step counts, as `RolloutReport` names them."""
+        return {"generated_tokens": self.generated_tokens, "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens, "env_steps": self.env_steps}
 
 
 class IndependentEpisodes:

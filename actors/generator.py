@@ -23,6 +23,7 @@ import psutil
 
 from horizonrl.actors.config import GeneratorConfig
 from horizonrl.actors.curriculum import HorizonSetting
+from horizonrl.actors.episodes import Tally
 from horizonrl.actors.heap import trim_heap
 from horizonrl.actors.policy_board import PolicyFeed
 from horizonrl.actors.rollout import AgentLoop, Engine
@@ -31,7 +32,7 @@ from horizonrl.envpool.registry import env_spec
 from horizonrl.protos.chat import ChatFormat, load_tokenizer
 from horizonrl.protos.placement import node_ip
 from horizonrl.protos.precision import bf16_native, engine_dtype
-from horizonrl.protos.reports import RolloutReport, RolloutSeconds
+from horizonrl.protos.reports import RolloutReport
 from horizonrl.protos.trajectory import Failure
 
 POLL_S = 0.1  # partial rollouts, independent loop: at most one board query per POLL_S
@@ -171,8 +172,7 @@ class GeneratorActor:
         version = self.policy_version
         for pool in self.pools.values():  # replace env actors that died since the last rollout
             pool.heal()
-        timing = {"generate": 0.0, "env": 0.0, "transport": 0.0, "overlap": 0.0}
-        counts = {"generated_tokens": 0, "env_steps": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        tally = Tally()
         sent: list[str] = []
         self._sends = []
         self._feed = None if board is None else PolicyFeed(
@@ -182,15 +182,15 @@ class GeneratorActor:
         try:
             if self.cfg.loop == "independent":
                 sent = self._independent(tasks, group_size, step, version, per_env, horizon,
-                                         timing, counts)
+                                         tally)
             else:
                 for wave in self._waves(tasks, group_size):
                     sent += self._wave(wave, group_size, step, version, per_env, horizon,
-                                       timing, counts)
+                                       tally)
             t0 = time.perf_counter()
             for f in self._sends:  # pipelined pushes: a failed one fails the rollout
                 f.result()
-            timing["transport"] += time.perf_counter() - t0
+            tally.transport += time.perf_counter() - t0
         finally:
             self._feed = None
             if self.cfg.trim_heap:  # fragmentation, not a leak: see actors/heap.py
@@ -198,8 +198,9 @@ class GeneratorActor:
         return RolloutReport(
             trajectory_ids=tuple(sent), policy_version=version, horizon=horizon,
             end_policy_version=self.policy_version, weight_loads=self._loads,
-            seconds=RolloutSeconds(**timing), env_restarts=self.env_restarts(),
-            env_stats=self.env_stats(), rss_bytes=psutil.Process().memory_info().rss, **counts)
+            seconds=tally.seconds(), env_restarts=self.env_restarts(),
+            env_stats=self.env_stats(), rss_bytes=psutil.Process().memory_info().rss,
+            **tally.counts())
 
     def _waves(self, tasks: Sequence[Task], group_size: int) -> list[list[Task]]:
         """Tasks in consecutive waves whose episodes fit each env's replicas (a run's draw of
@@ -224,8 +225,7 @@ class GeneratorActor:
         return waves
 
     def _wave(self, tasks: Sequence[Task], group_size: int, step: int, version: int,
-              per_env: dict[str, int], horizon: int, timing: dict[str, float],
-              counts: dict[str, int]) -> list[str]:
+              per_env: dict[str, int], horizon: int, tally: Tally) -> list[str]:
         """One lock-step rollout of `tasks`, every episode holding a replica; returns the ids
         pushed."""
         meta = [(task, k) for task in tasks for k in range(group_size)]
@@ -240,14 +240,14 @@ class GeneratorActor:
             t0 = time.perf_counter()
             firsts = self._pool_call("reset", envs, slots, range(len(loops)),
                                      [task.seed for task, _ in meta])
-            timing["env"] += time.perf_counter() - t0
+            tally.env += time.perf_counter() - t0
             for loop, first in zip(loops, firsts):
                 if isinstance(first, EnvError):
                     loop.fail(Failure(first.kind))
                 else:
                     loop.start(*first)
             # Episodes whose reset failed are done already: account for them now.
-            sent += self._push(loops, meta, range(len(loops)), step, version, timing)
+            sent += self._push(loops, meta, range(len(loops)), step, version, tally)
             turn = 0
             # Bounded by the longest horizon, which partial rollouts may raise mid-way.
             while any(not loop.done for loop in loops) and turn < max(
@@ -255,8 +255,8 @@ class GeneratorActor:
                 live = [i for i in range(len(loops)) if not loops[i].done]
                 if self._feed is not None and self._feed.pending():
                     self._take_news([loops[i] for i in live], [envs[i] for i in live])
-                self._turn(loops, envs, slots, live, timing, counts)
-                sent += self._push(loops, meta, live, step, version, timing)
+                self._turn(loops, envs, slots, live, tally)
+                sent += self._push(loops, meta, live, step, version, tally)
                 turn += 1
         finally:
             for key, idx in _by_env(envs, range(len(loops))).items():
@@ -289,8 +289,7 @@ class GeneratorActor:
                             else self.env_horizons.get(key, self.horizon))
 
     def _independent(self, tasks: Sequence[Task], group_size: int, step: int, version: int,
-                     per_env: dict[str, int], horizon: int, timing: dict[str, float],
-                     counts: dict[str, int]) -> list[str]:
+                     per_env: dict[str, int], horizon: int, tally: Tally) -> list[str]:
         """Every episode as its own loop (actors/episodes.py); each pushed as it finishes."""
         from horizonrl.actors.episodes import Episode, IndependentEpisodes
 
@@ -306,16 +305,12 @@ class GeneratorActor:
             temperature=self.cfg.temperature,
             max_in_flight=self.cfg.max_episodes_in_flight or max(len(episodes), 1),
             on_done=lambda eps: sent.extend(self._push(
-                loops, meta, [ep.index for ep in eps], step, version, timing)),
+                loops, meta, [ep.index for ep in eps], step, version, tally)),
             news=None if feed is None else feed.pending,
             take_news=lambda: self._take_news(
                 [ep.loop for ep in episodes if not ep.loop.done],
                 [ep.key for ep in episodes if not ep.loop.done]))
-        tally = runner.run(episodes)
-        for k in ("generate", "env", "overlap"):
-            timing[k] += getattr(tally, k)
-        for k in ("generated_tokens", "prompt_tokens", "cached_tokens", "env_steps"):
-            counts[k] += getattr(tally, k)
+        tally.add(runner.run(episodes))
         return sent
 
     def _pool_call(self, method: str, envs: list[str], slots: list, idx: Sequence[int],
@@ -331,21 +326,21 @@ class GeneratorActor:
         return out
 
     def _turn(self, loops: list[AgentLoop], envs: list[str], slots: list, live: list[int],
-              timing: dict[str, float], counts: dict[str, int]) -> None:
+              tally: Tally) -> None:
         """One lock-step turn for the live episodes: batched generate, then batched env step."""
         t0 = time.perf_counter()
         prompts = [loops[i].context_ids for i in live]
         completions = self.engine.generate(prompts, max_tokens=self.cfg.max_tokens_per_turn,
                                            temperature=self.cfg.temperature)
-        counts["prompt_tokens"] += sum(map(len, prompts))
-        counts["cached_tokens"] += sum(c.cached_tokens for c in completions)
+        tally.prompt_tokens += sum(map(len, prompts))
+        tally.cached_tokens += sum(c.cached_tokens for c in completions)
         actions = [loops[i].add_model_turn(c) for i, c in zip(live, completions)]
-        counts["generated_tokens"] += sum(len(c.token_ids) for c in completions)
+        tally.generated_tokens += sum(len(c.token_ids) for c in completions)
         t1 = time.perf_counter()
         results = self._pool_call("step", envs, slots, live, actions)
-        timing["generate"] += t1 - t0
-        timing["env"] += time.perf_counter() - t1
-        counts["env_steps"] += len(live)
+        tally.generate += t1 - t0
+        tally.env += time.perf_counter() - t1
+        tally.env_steps += len(live)
         for i, res in zip(live, results):
             if isinstance(res, EnvError):
                 loops[i].fail(Failure(res.kind))
@@ -353,7 +348,7 @@ class GeneratorActor:
                 loops[i].add_env_result(res)
 
     def _push(self, loops: list[AgentLoop], meta: list, candidates: Sequence[int], step: int,
-              version: int, timing: dict[str, float]) -> list[str]:
+              version: int, tally: Tally) -> list[str]:
         """Send the episodes among `candidates` that are done; return their ids."""
         done = [i for i in candidates if loops[i].done]
         if not done:
@@ -368,7 +363,7 @@ class GeneratorActor:
                 info={"generator": self.name, "seed": task.seed}))
         t0 = time.perf_counter()
         self._sends.append(self.sender.send_async(trajs))  # rollout() waits for them
-        timing["transport"] += time.perf_counter() - t0
+        tally.transport += time.perf_counter() - t0
         return [t.trajectory_id for t in trajs]
 
     # -- broadcast weight sync (learner.weight_sync="broadcast"; see learner.weights) ---------

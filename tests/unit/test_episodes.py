@@ -139,3 +139,18 @@ def test_the_bound_must_be_positive(tokenizer):
     with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
         IndependentEpisodes(StaggeredEngine([1]), {}, max_tokens=8, temperature=1.0,
                             max_in_flight=0, on_done=lambda eps: None)
+
+
+def test_one_tally_serves_both_loops():
+    """The lock-step loop counts into a Tally directly; the independent loop's Tally is added."""
+    from horizonrl.actors.episodes import Tally
+    from horizonrl.protos.reports import RolloutSeconds
+
+    rollout = Tally(generate=1.0, env=0.5, transport=0.25, generated_tokens=10, env_steps=2)
+    rollout.add(Tally(generate=2.0, overlap=0.75, prompt_tokens=7, cached_tokens=3,
+                      env_steps=5, peak_in_flight=4))
+    assert rollout.seconds() == RolloutSeconds(generate=3.0, env=0.5, transport=0.25,
+                                               overlap=0.75)
+    assert rollout.counts() == {"generated_tokens": 10, "prompt_tokens": 7, "cached_tokens": 3,
+                                "env_steps": 7}
+    assert rollout.peak_in_flight == 4
