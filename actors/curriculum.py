@@ -94,7 +94,7 @@ BROADCAST_TIMEOUT_S = 60.0
 @dataclass(frozen=True, slots=True)
 class HorizonSetting:
     """The horizon in force, its version and the per-env horizons (empty: every env uses
-    `horizon`): what each rollout call carries to its generator (cluster/phases.py)."""
+    `horizon`): what each rollout call carries to its generator (cluster/train/phases.py)."""
 
     horizon: int
     version: int

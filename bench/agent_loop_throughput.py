@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,9 +78,9 @@ def child(config: str, variant: str, rollouts: int, horizon: int, overrides: lis
     from horizonrl.actors.engine import VLLMEngine
     from horizonrl.actors.generator import GeneratorActor
     from horizonrl.cluster.config import RayConfig, load_config
-    from horizonrl.cluster.iteration import sample_tasks
-    from horizonrl.cluster.models import ensure_model
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import sample_tasks
     from horizonrl.envpool.pool import EnvPool
     from horizonrl.learner.ingest import TrajectoryIngest
     from horizonrl.protos.precision import bf16_native, engine_dtype

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.envpool.agentgym_experts import (
     TextCraftPlanner,
     babyai_action,

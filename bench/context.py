@@ -27,8 +27,8 @@ import statistics
 import time
 from pathlib import Path
 
-from horizonrl.cluster.png import save_png
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.png import save_png
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def plot(results: dict, horizons: list[int], out: Path) -> None:
 def main() -> None:
     from horizonrl.actors.engine import VLLMEngine
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.model.load import ensure_model
     from horizonrl.protos.chat import ChatFormat, load_tokenizer
     from horizonrl.protos.precision import bf16_native, engine_dtype
 

@@ -20,8 +20,8 @@ import json
 import statistics
 from pathlib import Path
 
-from horizonrl.cluster.png import save_png
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.png import save_png
+from horizonrl.cluster.ops.provenance import command_line
 
 TIE = 1e-9  # a gain below this is a tie (means of equal counts differ by float rounding)
 CURVES = {"success": "success_rate", "groups_kept": "learner/groups_kept",

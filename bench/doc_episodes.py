@@ -1,6 +1,6 @@
 """Per-episode eval logs as docs/ keeps them: one solid xz archive per docs section.
 
-An eval writes OUT/episodes.jsonl (cluster/evaluate.py); bench/long_horizon.py gzips it. Kept
+An eval writes OUT/episodes.jsonl (cluster/eval/evaluate.py); bench/long_horizon.py gzips it. Kept
 one file per eval folder, those logs were 7.8 MB of docs/ (131 files), mostly the actions of
 episodes that the seeds and methods of one experiment share; one xz archive per section
 (`docs/long-horizon/episodes.tar.xz`, `docs/credit/episodes.tar.xz`) holds the same bytes in

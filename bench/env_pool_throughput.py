@@ -25,7 +25,7 @@ from functools import partial
 import gymnasium as gym
 from gymnasium.spaces import Text
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.envpool.registry import env_spec, make_env
 
 ENVS = {"babyai": {"level": "BabyAI-GoToRedBall-v0"}, "textcraft": {}}
@@ -158,7 +158,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     rows = []
     with ray_session(RayConfig(num_cpus=2)):

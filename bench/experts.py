@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,9 +38,9 @@ CELLS: list[tuple[str, str, dict, int]] = [  # (env, label, kwargs, turn cap)
 
 def main() -> None:
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.demos import collect_demos
-    from horizonrl.cluster.models import ensure_model
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.warm_start.demos import collect_demos
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--episodes", type=int, default=200)

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 3600  # the whole `make train`

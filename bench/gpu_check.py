@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.actors.config import GeneratorConfig
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.learner.config import LearnerConfig
 
 if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
@@ -196,7 +196,7 @@ def training_run(tmp: Path) -> list[tuple[bool, str]]:
 
 def weight_sync(model: Path, args: argparse.Namespace, gpus: int) -> list[tuple[bool, str]]:
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     if gpus >= 2:  # learner ranks and the generator each on a GPU of their own: NCCL
         world, learner_gpus, gen_gpus, expect = min(2, gpus - 1), 1.0, 1.0, "nccl"
@@ -221,8 +221,8 @@ def main() -> int:
     import torch
 
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
-    from horizonrl.cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.model.tiny_model import build_tiny_model
+    from horizonrl.cluster.ops.runtime import ray_session
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tol", type=float, default=1e-4, help="logprob tolerance")

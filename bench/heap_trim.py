@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,9 +33,9 @@ def child(trim: bool, rollouts: int) -> dict:
 
     from horizonrl.actors.generator import GeneratorActor
     from horizonrl.cluster.config import ModelConfig, RayConfig, load_config
-    from horizonrl.cluster.iteration import sample_tasks
-    from horizonrl.cluster.models import ensure_model
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import sample_tasks
     from horizonrl.envpool.config import EnvConfig
     from horizonrl.envpool.pool import EnvPool
     from horizonrl.learner.ingest import TrajectoryIngest

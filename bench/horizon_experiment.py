@@ -30,8 +30,8 @@ if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.long_horizon import train
-from horizonrl.cluster.png import save_png
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.png import save_png
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,8 @@ def warm_start(config: str, seed: int, runs: Path) -> tuple[Path, float]:
 def run_one(name: str, overrides: list[str], seed: int, iterations: int, out: Path,
             args: argparse.Namespace) -> list[dict]:
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     stage = max(1, iterations // 3)
     extra = [f"curriculum.steps_per_stage={stage}"] if name == "stepwise" else []
@@ -146,7 +146,7 @@ def plot(results: dict[str, dict[int, list[dict]]], path: Path) -> None:
 
 def main() -> None:
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--iterations", type=int, default=60)

@@ -80,7 +80,7 @@ def load_batch(name: str, path: Path) -> tuple[dict[str, np.ndarray], list[int],
     """The rows LearnerGroup.train would build (advantages +-1 by episode, so no group is
     dropped), and the model folder the episodes were tokenised for."""
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.model.load import ensure_model
     from horizonrl.learner.batch import pad_batch, turn_rows
     from horizonrl.protos.chat import load_tokenizer
     from horizonrl.protos.codec import from_json_line
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--curve-iterations", type=int, default=0, help="also train the embedded "
                     "default this many steps with layout padded and auto (0: skip)")
     args = ap.parse_args(argv)
-    from horizonrl.cluster.provenance import command_line
+    from horizonrl.cluster.ops.provenance import command_line
 
     results = {"command": command_line(), "steps": args.steps, "batches": {}}
 

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.learner import algorithms as alg
 from horizonrl.learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
 from horizonrl.learner.config import LearnerConfig
@@ -70,7 +70,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 def default_model_path() -> Path:
     """The tiny model of the embedded default config (built once by `horizonrl train`)."""
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.models import tiny_model_dir
+    from horizonrl.cluster.model.load import tiny_model_dir
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [])
     return ROOT / tiny_model_dir(cfg.model, cfg.env)
@@ -332,7 +332,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     tiny = args.model or default_model_path()
     if not (tiny / "config.json").exists():

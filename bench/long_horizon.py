@@ -28,7 +28,7 @@ if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.run_summary import write as write_training
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("base", "bc", "bc+rl")
@@ -89,10 +89,10 @@ def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
 
 def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns: int,
                  splits: list[str], overrides: list[str], out: Path, samples: int = 1) -> dict:
-    from horizonrl.cluster.checkpoints import latest_checkpoint
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.evaluate import evaluate
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.eval.evaluate import evaluate
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.cluster.ops.checkpoints import latest_checkpoint
 
     cfg = load_config(config, [f"seed={seed}", *overrides])
     models = {"base": str(ensure_model(cfg.model, env=cfg.env)),
@@ -115,7 +115,7 @@ def keep_small(folder: Path) -> None:
     script's own table is what the docs show)."""
     import gzip
 
-    from horizonrl.cluster.eval_report import PLOTS
+    from horizonrl.cluster.eval.report import PLOTS
 
     episodes = folder / "episodes.jsonl"
     if episodes.exists():

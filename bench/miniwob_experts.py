@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.envpool.miniwob import MiniWoBEnv, random_action
 from horizonrl.envpool.miniwob_tasks import TASKS

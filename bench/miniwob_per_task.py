@@ -22,14 +22,14 @@ if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.doc_episodes import read_episodes
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.envpool.miniwob import task_for_seed
 from horizonrl.envpool.miniwob_tasks import TASKS
 
 
 def per_task(folder: Path, tasks: tuple[str, ...]) -> dict:
     """{model: {task: [success rate per seed]}} over every seed's eval episodes."""
-    # As cluster/evaluate.py writes them, gzipped, or in the archive docs/ keeps them in.
+    # As cluster/eval/evaluate.py writes them, gzipped, or in the archive docs/ keeps them in.
     folders = sorted(p for p in folder.glob("eval/seed*-eval") if p.is_dir())
     if not folders:
         raise SystemExit(f"{folder}: no eval/seed*-eval folders")

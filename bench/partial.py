@@ -80,7 +80,7 @@ MODES = {"sync": ["mode=sync"],
 def model_path(config: str) -> str:
     """The tiny model `config` trains (built now if it is not cached yet)."""
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.model.load import ensure_model
 
     cfg = load_config(ROOT / config, [])
     return str(ensure_model(cfg.model, env=cfg.envs[0]))
@@ -89,7 +89,7 @@ def model_path(config: str) -> str:
 def warm_start(case: str, seed: int, out: Path) -> tuple[str, str]:
     """Run the case's config through its warm start (and one RL step) once; returns (the
     cloned model, the config without its `init:` for the RL runs from that model)."""
-    from horizonrl.cluster.warm_start import warm_start_model
+    from horizonrl.cluster.warm_start.recipe import warm_start_model
 
     spec, tag = CASES[case], f"{case}-warm-{seed}"
     cmd = [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config", spec["config"],

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from horizonrl.cluster.png import save_png
+from horizonrl.cluster.ops.png import save_png
 
 PANELS = [
     ("Success rate", ["success_rate"]),

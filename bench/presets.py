@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from horizonrl.cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.model.tiny_model import build_tiny_model
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--presets", nargs="+", default=["xs", "s", "m"])

@@ -6,7 +6,7 @@
 Each variant `R:S` builds the config's tiny model with R reading tasks mixed into S
 pre-training steps (into the model cache, so `horizonrl train ... model.tiny.reading=R
 model.tiny.pretrain_steps=S` reuses it; build seconds from its marker file), then scores every
-variant on the same held-out probe (cluster/reading.py: other line draws, other made-up names;
+variant on the same held-out probe (cluster/model/reading.py: other line draws, other made-up names;
 greedy exact match and teacher-forced token accuracy).
 """
 
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,9 +33,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.models import ensure_model
-    from horizonrl.cluster.reading import observation_lines, probe_tasks, reading_accuracy
-    from horizonrl.cluster.tiny_model import MODEL_MARKER, random_transcripts
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.cluster.model.reading import observation_lines, probe_tasks, reading_accuracy
+    from horizonrl.cluster.model.tiny_model import MODEL_MARKER, random_transcripts
     from horizonrl.protos.chat import ChatFormat, load_tokenizer
 
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 
 def run_folders(root: Path, name: str, out: str | None) -> tuple[Path, Path]:

@@ -18,7 +18,7 @@ import json
 import statistics
 from pathlib import Path
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 
 def summarise(run: Path, window: int) -> dict:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from horizonrl.cluster.png import save_png
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.png import save_png
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("driver", "generator", "env actor", "jvm", "learner rank", "curriculum", "ray")

@@ -33,7 +33,7 @@ if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, 
 
 from bench.transport_throughput import batches, make_trajectories
 from bench.twohosts import TwoHosts, can_run
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.protos.codec import decode, encode
 
 TOKEN = "bench-transport-hosts"

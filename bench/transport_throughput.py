@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.protos.codec import decode, encode
 from horizonrl.protos.trajectory import Trajectory
 
@@ -229,7 +229,7 @@ def main() -> None:
     from contextlib import nullcontext
 
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     best = dict.fromkeys(methods, float("inf"))
     with nullcontext() if args.no_ray else ray_session(RayConfig(num_cpus=2)):

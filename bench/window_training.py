@@ -24,7 +24,7 @@ if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import long_horizon
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.cluster.config import ConfigError, load_config
-from horizonrl.cluster.provenance import command_line
+from horizonrl.cluster.ops.provenance import command_line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,9 +130,9 @@ def env_server(args: argparse.Namespace) -> int:
 
 
 def demos(args: argparse.Namespace, cfg: Any) -> int:
-    from horizonrl.cluster.demos import collect_demos
-    from horizonrl.cluster.models import ensure_model
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.warm_start.demos import collect_demos
 
     if args.episodes < 1 or args.max_turns < 1 or not 0 <= args.noise < 1:
         print("horizonrl: demos: --episodes and --horizon must be positive and --noise in "
@@ -147,7 +147,7 @@ def demos(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def run_eval(args: argparse.Namespace, cfg: Any) -> int:
-    from horizonrl.cluster.evaluate import evaluate, resolve_model
+    from horizonrl.cluster.eval.evaluate import evaluate, resolve_model
     from horizonrl.envpool.config import EnvConfig
 
     specs = args.compare or [args.model]
@@ -166,7 +166,7 @@ def run_eval(args: argparse.Namespace, cfg: Any) -> int:
     known = {e.key: e for e in cfg.envs}
     names = args.envs.split(",") if args.envs else list(known)
     envs = [known[n] if n in known else EnvConfig(name=n, kwargs={}) for n in names]
-    from horizonrl.cluster.plan import DoesNotFit
+    from horizonrl.cluster.ops.plan import DoesNotFit
 
     try:
         evaluate(cfg, models, envs=envs, tasks=args.tasks, samples=max(ks), max_turns=turns,
@@ -193,7 +193,7 @@ def _label(spec: str, specs: list[str]) -> str:
 
 
 def export(source: str, out: str) -> int:
-    from horizonrl.cluster.export import PROBE_TOL, export_hf
+    from horizonrl.cluster.ops.export import PROBE_TOL, export_hf
 
     try:
         ckpt, diff = export_hf(source, out)
@@ -206,7 +206,7 @@ def export(source: str, out: str) -> int:
 
 
 def status(target: str) -> int:
-    from horizonrl.cluster.prometheus import read_status
+    from horizonrl.cluster.ops.prometheus import read_status
 
     path = Path(target)
     address = (json.loads((path / "status.json").read_text())["metrics_address"]
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demos":
         return demos(args, cfg)
     if args.command in ("sft", "rs", "dpo"):
-        from horizonrl.cluster.auxiliary import run_auxiliary
+        from horizonrl.cluster.warm_start.auxiliary import run_auxiliary
 
         try:
             run_auxiliary(args.command, cfg, data=args.data, out=args.out, steps=args.steps,
@@ -269,14 +269,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "train":
         if args.dry_run:
-            from horizonrl.cluster.plan import dry_run
+            from horizonrl.cluster.ops.plan import dry_run
 
             return dry_run(cfg, gpu_gib=args.gpu_memory_gib,
                            resources=_resources(args.resources) if args.resources else None)
-        from horizonrl.cluster.driver import GeneratorLost, LearnerLost
-        from horizonrl.cluster.multinode import NotMultiNodeReady
-        from horizonrl.cluster.plan import DoesNotFit
-        from horizonrl.cluster.run import train
+        from horizonrl.cluster.ops.multinode import NotMultiNodeReady
+        from horizonrl.cluster.ops.plan import DoesNotFit
+        from horizonrl.cluster.train.driver import GeneratorLost, LearnerLost
+        from horizonrl.cluster.train.run import train
         from horizonrl.learner.group import PlacementTimeout
 
         try:
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(from the last checkpoint)", file=sys.stderr)
             return 130
         return 0
-    from horizonrl.cluster.models import build_from_config
+    from horizonrl.cluster.model.load import build_from_config
 
     build_from_config(args.out, cfg.model.tiny, env=cfg.env)
     return 0

@@ -70,8 +70,9 @@ class TinyModelConfig(BaseModel):
     batch_size: int = Field(32, ge=1, description="Sequences per pre-training step.")
     lr: float = Field(2e-3, gt=0, description="Pre-training peak learning rate (cosine).")
     reading: int = Field(
-        0, ge=0, description="Synthetic reading tasks mixed into pre-training (cluster/reading.py:"
-        " find the line that mentions a word and copy it, count lines, track an inventory; names "
+        0, ge=0, description="Synthetic reading tasks mixed into pre-training "
+        "(cluster/model/reading.py: find the line that mentions a word and copy it, count lines, "
+        "track an inventory; names "
         "partly made up), so the model copies from its context before it sees a demonstration. "
         "0: none. Raise pretrain_steps with it: the steps are shared.")
     names: bool = Field(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.cluster.runtime import LOCAL_RAY_ENV
+from horizonrl.cluster.ops.runtime import LOCAL_RAY_ENV
 
 os.environ.update(LOCAL_RAY_ENV)
 
@@ -20,7 +20,7 @@ os.environ.update(LOCAL_RAY_ENV)
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small but real tiny model (tokenizer trained here, a few pre-training steps)."""
-    from horizonrl.cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.model.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     return build_tiny_model(out, transcripts=300, pretrain_steps=4, batch_size=8, seed=0)

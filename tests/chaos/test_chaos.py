@@ -15,7 +15,11 @@ import pytest
 
 from horizonrl.cluster.config import load_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+# Each case trains a whole run and kills a part of it (40-80 s each on 2 cores): the slow set,
+# which CI runs, and `make test-chaos`. The default suite keeps the pool-level faults
+# (tests/integration/test_envpool_faults.py) and the checkpoint after a lost weight push
+# (tests/unit/test_push_loss_checkpoint.py).
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,7 +28,7 @@ def _default_model() -> str:
     groups have successes and updates happen. Passed as model.path: the fault-injecting env
     must never be used to build a model (its fault would fire in the builder)."""
     from horizonrl.cluster.config import ModelConfig
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.model.load import ensure_model
     from horizonrl.envpool.config import EnvConfig
 
     return str(ensure_model(ModelConfig(), env=EnvConfig()))
@@ -55,9 +59,9 @@ def _assert_reconciled(trainer, metrics):
 
 
 def _run(cfg, steps=3, during=None):
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
         if during is not None:
@@ -74,7 +78,6 @@ def test_env_replica_process_dies_mid_episode(tmp_path):
     assert led["trained"] > 0
 
 
-@pytest.mark.slow  # the pool-level hang test (test_envpool_faults) runs in the default suite
 def test_env_step_hangs_and_is_cut_by_the_timeout(tmp_path):
     cfg = _cfg(tmp_path, {"fault": "sleep", "at_step": 6, "sleep_s": 30})
     _trainer, _metrics, led = _run(cfg)
@@ -138,10 +141,10 @@ def test_ingest_restarted_under_load(tmp_path):
 def test_learner_rank_killed_then_resume(tmp_path):
     import ray
 
-    from horizonrl.cluster.checkpoints import load_resume
-    from horizonrl.cluster.driver import LearnerLost, Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.checkpoints import load_resume
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import LearnerLost, Trainer
 
     cfg = _cfg(tmp_path)
     run_dir = make_run_dir(cfg)
@@ -164,7 +167,6 @@ def test_learner_rank_killed_then_resume(tmp_path):
     assert led["reconciled"] and led["generated"] == 3 * 16
 
 
-@pytest.mark.slow  # ~80 s (a 20 s collective timeout); CI runs the slow set too
 def test_generator_killed_during_a_broadcast_push(tmp_path):
     """Weights go out by broadcast (gloo here, NCCL on GPUs). On the second push the generator's
     process is SIGKILLed right after learner rank 0 has started sending: the push fails for it,

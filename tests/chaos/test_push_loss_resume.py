@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.cluster.checkpoints import latest_checkpoint
 from horizonrl.cluster.config import load_config
+from horizonrl.cluster.ops.checkpoints import latest_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos,
               pytest.mark.slow]  # four short trainings on the local stack
@@ -54,12 +54,12 @@ def _lose_generator_at_push(trainer, version: int) -> None:
 
 
 def _first_two_steps(cfg, *, fault: bool) -> tuple[Path, list[float]]:
-    """Steps 0 and 1, then the checkpoint the run leaves (cluster/run.py: on GeneratorLost it
+    """Steps 0 and 1, then the checkpoint the run leaves (cluster/train/run.py: on GeneratorLost it
     saves one and stops). Returns the run dir and the learner's probe logprobs at the end."""
-    from horizonrl.cluster.checkpoints import PROBE_IDS
-    from horizonrl.cluster.driver import GeneratorLost, Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.checkpoints import PROBE_IDS
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import GeneratorLost, Trainer
 
     run_dir = make_run_dir(cfg)
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir) as trainer:
@@ -75,11 +75,11 @@ def _first_two_steps(cfg, *, fault: bool) -> tuple[Path, list[float]]:
 
 
 def _resume_last_step(cfg, run_dir: Path) -> dict:
-    from horizonrl.cluster.checkpoints import PROBE_IDS, load_resume, truncate_metrics
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.checkpoints import PROBE_IDS, load_resume, truncate_metrics
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.train.driver import Trainer
 
-    state = load_resume(latest_checkpoint(run_dir))  # `--resume auto`, as cluster/run.py does
+    state = load_resume(latest_checkpoint(run_dir))  # `--resume auto`, as cluster/train/run.py does
     truncate_metrics(run_dir, state.step)
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir, resume=state) as trainer:
         resumed = {"step": trainer.step_count, "version": trainer.policy_version,

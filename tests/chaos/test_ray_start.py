@@ -17,7 +17,7 @@ def test_a_start_that_times_out_is_retried_on_a_clean_slate(monkeypatch):
     import ray._private.services as services
 
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     real, t0, failed = services.get_node, time.monotonic(), []
 

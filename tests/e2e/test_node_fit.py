@@ -61,7 +61,7 @@ def test_a_generator_no_node_holds_stops_the_run_with_exit_2(two_nodes, tiny_mod
 def test_the_wait_for_an_actor_ray_cannot_place_is_bounded(two_nodes):
     import ray
 
-    from horizonrl.cluster.plan import DoesNotFit, wait_started
+    from horizonrl.cluster.ops.plan import DoesNotFit, wait_started
 
     class Generator:
         def ready(self) -> bool:

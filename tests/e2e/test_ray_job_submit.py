@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from horizonrl.cluster.runtime import LOCAL_RAY_ENV
+from horizonrl.cluster.ops.runtime import LOCAL_RAY_ENV
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,9 @@ def ray_head(free_port):
     finally:
         procs = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
         os.killpg(head.pid, signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=30)
+        # A few seconds for a clean exit (the GCS and raylet take one); what ignores SIGTERM
+        # (it cost 30 s here) is killed.
+        _, alive = psutil.wait_procs(procs, timeout=5)
         for p in alive:
             p.kill()
         shutil.rmtree(temp, ignore_errors=True)

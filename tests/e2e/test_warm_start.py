@@ -25,6 +25,7 @@ def _cmd(run_root: Path, iterations: int, *extra: str) -> list[str]:
             "init.sft_batch_size=8", "init.eval_tasks=4", "init.eval_horizon=3", *extra]
 
 
+@pytest.mark.slow  # two kills and three starts of a whole run (~2 min); CI runs the slow set
 def test_warm_start_killed_then_resumed_then_rl_resumed(tmp_path, kill_when):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # Killed once SFT has finished, while the run evaluates base and clone.

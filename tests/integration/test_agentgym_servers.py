@@ -190,9 +190,9 @@ def test_sciworld_close_frees_its_jvm(sciworld):
 def test_a_short_training_run_against_the_real_textcraft_server(textcraft, tiny_model_path,
                                                                  tmp_path):
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/textcraft-local.yaml", [
         "name=agentgym-textcraft", "iterations=2", "metrics.port=0", f"run_root={tmp_path}",

@@ -58,8 +58,8 @@ def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(
     import ray
 
     from horizonrl.actors.curriculum import CurriculumActor
-    from horizonrl.cluster.async_phase import AsyncPhase
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.train.async_phase import AsyncPhase
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         *STEPWISE, f"run_root={tmp_path}", "generator.tasks_per_step=2",
@@ -95,9 +95,9 @@ def test_stepwise_change_in_async_training_never_stalls_the_driver(tmp_path, tin
     """Real async training at a stage boundary: slow env steps (0.4 s each) make every
     rollout last several seconds; the step that ticks the horizon takes no longer than its
     rollout, update and weight hand-off (the old tick waited out the rollout in flight)."""
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     slow = ("env.kwargs={env: babyai, env_kwargs: {level: BabyAI-GoToRedBall-v0, reward: "
             "binary}, fault: latency, sleep_s: 0.4}")
@@ -132,10 +132,10 @@ def test_a_resumed_phase_trains_its_buffer_and_reissues_the_rollout_in_flight(tm
     import ray
 
     from horizonrl.actors.curriculum import CurriculumActor
-    from horizonrl.cluster.async_phase import AsyncPhase
-    from horizonrl.cluster.iteration import sample_tasks
-    from horizonrl.cluster.ledger import Ledger
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import sample_tasks
+    from horizonrl.cluster.train.async_phase import AsyncPhase
+    from horizonrl.cluster.train.ledger import Ledger
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "mode=async", f"run_root={tmp_path}", "generator.tasks_per_step=2",

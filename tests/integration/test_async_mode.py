@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_async_staleness_bound_and_importance_weights(tmp_path):
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=async", "iterations=4", "metrics.port=0", f"run_root={tmp_path}",
@@ -56,7 +56,7 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
 
 
 def test_split_stale_drops_exactly_the_old_versions():
-    from horizonrl.cluster.async_phase import split_stale
+    from horizonrl.cluster.train.async_phase import split_stale
     from horizonrl.protos.trajectory import Trajectory
 
     def t(v):

@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
     import ray
 
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=bcast", "iterations=3", "metrics.port=0",
@@ -62,9 +62,9 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
 
 
 def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=envh", "iterations=2", "metrics.port=0", f"run_root={tmp_path}",
@@ -91,9 +91,9 @@ def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
 def test_more_episodes_than_replicas_run_in_waves(tmp_path):
     """An env pool smaller than a step's episodes (a weighted draw can give one env most of a
     step's groups) runs them in consecutive waves instead of failing; every episode arrives."""
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=waves", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",

@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from horizonrl.cluster.auxiliary import read_trajectories
 from horizonrl.cluster.config import load_config
-from horizonrl.cluster.demos import DEMOS_FILE, SUMMARY_FILE, collect_demos, expert_reply
+from horizonrl.cluster.model.tiny_model import expert_reply
+from horizonrl.cluster.warm_start.auxiliary import read_trajectories
+from horizonrl.cluster.warm_start.demos import DEMOS_FILE, SUMMARY_FILE, collect_demos
 from horizonrl.envpool.registry import env_spec
 from horizonrl.learner.auxiliary import sft_examples_from_trajectories
 from horizonrl.protos.chat import IM_END, IM_START
@@ -34,7 +35,7 @@ def _runs(mask: tuple[int, ...]) -> list[tuple[int, int, int]]:
 
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory, tiny_model_path):
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     out = tmp_path_factory.mktemp("demos")
     cfg = load_config(None, [*MAZE, "seed=3"])
@@ -120,7 +121,7 @@ def test_demos_cli_eval_split(tmp_path, tiny_model_path):
 
 
 def test_mixed_run_demos_share_episodes_by_env_weight(tmp_path, tiny_model_path):
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     cfg = load_config(None, [
         "env.replicas_per_actor=8", "env.weight=3",

@@ -91,7 +91,7 @@ def run_agent(pool: EnvPool, spec: EnvSpec, policy: str, case: Case) -> float:
 @pytest.fixture(scope="module")
 def ray_local():
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         yield

@@ -28,7 +28,7 @@ def test_killed_replica_actor_fails_its_episode_then_heals():
     import ray
 
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         pool = EnvPool(EnvConfig(num_actors=2, replicas_per_actor=1, call_timeout_s=30))
@@ -69,7 +69,7 @@ def test_hung_step_is_cut_by_the_timeout():
     import ray
 
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         pool = EnvPool(EnvConfig(num_actors=1, replicas_per_actor=1, call_timeout_s=3))

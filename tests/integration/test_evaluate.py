@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_evaluation_is_reproducible(tiny_model_path, tmp_path, monkeypatch):
     """Twice, the second time with the run's ingest token set (the ingest then refuses a
     generator that does not send it): the same numbers both times."""
-    from horizonrl.cluster.evaluate import evaluate
+    from horizonrl.cluster.eval.evaluate import evaluate
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", ["metrics.port=0"])
     env = EnvConfig(replicas_per_actor=8)

@@ -60,9 +60,9 @@ def test_learner_scores_the_independent_loops_trajectories_as_recorded(tmp_path)
 
     from horizonrl.actors.generator import Task
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs/babyai-local.yaml", [

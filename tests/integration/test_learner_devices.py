@@ -22,7 +22,7 @@ def test_ordinal_is_the_place_of_the_assigned_gpu():
 def test_two_ranks_get_two_gpus_from_ray(tiny_model_path, tokenizer):
     import ray
 
-    from horizonrl.cluster.runtime import LOCAL_RAY_ENV
+    from horizonrl.cluster.ops.runtime import LOCAL_RAY_ENV
     from horizonrl.learner.config import LearnerConfig
     from horizonrl.learner.group import LearnerGroup
 
@@ -52,7 +52,7 @@ def test_two_generators_get_two_gpus_from_ray(tiny_model_path):
 
     from horizonrl.actors.config import GeneratorConfig
     from horizonrl.actors.generator import GeneratorActor
-    from horizonrl.cluster.runtime import LOCAL_RAY_ENV
+    from horizonrl.cluster.ops.runtime import LOCAL_RAY_ENV
     from horizonrl.envpool.config import EnvConfig
     from horizonrl.envpool.pool import EnvPool
     from horizonrl.learner.ingest import TrajectoryIngest

@@ -121,7 +121,7 @@ def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Traj
 @pytest.fixture(scope="module")
 def ray_local():
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         yield
@@ -294,7 +294,7 @@ toy = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(toy)
 toy_trajectories, learner_cfg = toy.toy_trajectories, toy.learner_cfg
 from horizonrl.cluster.config import RayConfig
-from horizonrl.cluster.runtime import ray_session
+from horizonrl.cluster.ops.runtime import ray_session
 from horizonrl.learner.group import LearnerGroup
 with ray_session(RayConfig(num_cpus=2)):
     g = LearnerGroup(learner_cfg(), model_path={model!r}, pad_id={pad}, seed=0)

@@ -57,9 +57,9 @@ def test_the_learner_takes_complete_groups_past_a_straggler(tmp_path):
     import ray
 
     from horizonrl.actors.curriculum import CurriculumActor
-    from horizonrl.cluster.async_phase import AsyncPhase
-    from horizonrl.cluster.ledger import Ledger
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.train.async_phase import AsyncPhase
+    from horizonrl.cluster.train.ledger import Ledger
     from horizonrl.learner.ingest import TrajectoryIngest
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
@@ -115,7 +115,7 @@ def test_an_eval_keeps_the_trajectories_of_rollouts_in_flight_for_training():
     the others are kept as strays and the training side takes them later, by id or as
     arrivals, instead of losing them."""
     from horizonrl.actors.transport import TrajectorySender
-    from horizonrl.cluster.iteration import collect_trajectories
+    from horizonrl.cluster.rollout.iteration import collect_trajectories
     from horizonrl.learner.ingest import TrajectoryIngest
 
     strays: list[Trajectory] = []

@@ -35,7 +35,7 @@ HORIZONRL = Path(sys.executable).parent / "horizonrl"
 @pytest.fixture(scope="module")
 def ray_local():
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     with ray_session(RayConfig(num_cpus=2)):
         yield

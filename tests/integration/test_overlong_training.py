@@ -33,7 +33,7 @@ def acting_model() -> Path:
     cut and no penalised episode reaches an update. Built into the repo's model cache once
     (1-2 min on 2 cores), like the default config's tiny model."""
     from horizonrl.cluster.config import ModelConfig, TinyModelConfig
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.model.load import ensure_model
     from horizonrl.envpool.config import EnvConfig
 
     tiny = TinyModelConfig(transcripts=300, pretrain_steps=100, batch_size=16)
@@ -56,8 +56,8 @@ def _config(mode: str, root: Path, model: Path):
 
 def _spy_on_eval(monkeypatch) -> dict[str, list]:
     """What the driver's periodic eval collected, the records it made and the summary."""
-    import horizonrl.cluster.eval_metrics as eval_metrics
-    import horizonrl.cluster.evaluate as evaluate
+    import horizonrl.cluster.eval.evaluate as evaluate
+    import horizonrl.cluster.eval.metrics as eval_metrics
 
     seen: dict[str, list] = {"trajs": [], "records": [], "summary": []}
     to_records, summarise = evaluate.to_records, eval_metrics.summarise
@@ -79,8 +79,8 @@ def _spy_on_eval(monkeypatch) -> dict[str, list]:
 
 
 def _train(cfg, monkeypatch) -> tuple[Path, dict, dict[str, list]]:
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     seen = _spy_on_eval(monkeypatch)
     run_dir = make_run_dir(cfg)
@@ -151,7 +151,7 @@ def _check_eval(seen: dict[str, list]) -> None:
 
 def test_overlong_mask_and_penalty_through_the_driver_and_the_ledger(
         acting_model, tmp_path, monkeypatch):
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     checks = {"mask": _check_mask, "penalty": _check_penalty}
     cfgs = {mode: _config(mode, tmp_path / mode, acting_model) for mode in checks}

@@ -47,9 +47,9 @@ def test_an_episode_spans_a_weight_update_turn_by_turn(tmp_path):
     from horizonrl.actors.curriculum import HorizonSetting
     from horizonrl.actors.generator import Task
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs/babyai-local.yaml", [
@@ -111,9 +111,9 @@ def test_async_driver_with_partial_rollouts(tmp_path, tiny_model_path):
     """The async driver posts every update; rollouts in flight take it between turns. The
     staleness bound holds for each trained episode's oldest turn and the ledger reconciles."""
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs/babyai-local.yaml", [

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy/grafana/horizonrl.json"
 # Series only step-level estimators (GiGPO's anchor-state groups) set; the GRPO run below has
-# none, and an absent figure makes no series (cluster/prometheus.py), so no data is right.
+# none, and an absent figure makes no series (cluster/ops/prometheus.py), so no data is right.
 STEP_LEVEL_ONLY = ("horizonrl_learner_anchor_", "horizonrl_learner_step_adv_")
 
 
@@ -58,9 +58,9 @@ def test_dashboard_has_stable_uid_and_variables():
                     reason="Debian's prometheus is not installed (.ci/run and "
                            "`make install-dev` install it)")
 def test_every_dashboard_query_returns_data(tmp_path, free_port):
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=prom", "iterations=8", f"run_root={tmp_path}", "metrics.port=0",

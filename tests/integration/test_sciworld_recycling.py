@@ -48,7 +48,7 @@ def _run(pool: EnvPool, episodes: int) -> list[float]:
 
 def test_recycling_bounds_jvm_memory():
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     kwargs = {"tasks": ["find-animal", "use-thermometer"], "jvm_heap_mb": 512}
     with ray_session(RayConfig(num_cpus=2)):

@@ -53,9 +53,9 @@ def _held_cpus(timeout_s: float = 60.0) -> float:
 def test_two_iterations_end_to_end(cfg):
     import ray
 
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
 
     run_dir = make_run_dir(cfg)
     with ray_session(cfg.ray):
@@ -128,9 +128,9 @@ def test_two_iterations_end_to_end(cfg):
 
 def test_one_iteration_mixing_two_envs(cfg):
     """A run with extra_envs: each group stays in one env, metrics come per env label."""
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir, sample_tasks
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir, sample_tasks
+    from horizonrl.cluster.train.driver import Trainer
 
     # Sampling at 0.7: the learner must score tokens under logits / 0.7, as vLLM sampled them.
     mixed = cfg.model_copy(update={"iterations": 1, "extra_envs": [

@@ -28,7 +28,7 @@ def gpu_check():
 @pytest.fixture(scope="module")
 def checks(gpu_check, tiny_model_path):
     from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     learner_cfg = LearnerConfig(world_size=2, zero_stage=3, kl_coef=0.0, lr=1e-2,
                                 warmup_steps=0, minibatches=1, weight_sync="broadcast",

@@ -22,9 +22,9 @@ def test_rows_are_the_contexts_vllm_sampled_from(tmp_path):
     import numpy as np
     import ray
 
-    from horizonrl.cluster.driver import Trainer
-    from horizonrl.cluster.iteration import make_run_dir
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
+    from horizonrl.cluster.rollout.iteration import make_run_dir
+    from horizonrl.cluster.train.driver import Trainer
     from horizonrl.learner.batch import pad_batch, turn_rows
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [

@@ -20,7 +20,7 @@ import json, sys
 from pathlib import Path
 import ray
 from horizonrl.cluster.config import load_config
-from horizonrl.cluster.multinode import NotMultiNodeReady, check_multinode
+from horizonrl.cluster.ops.multinode import NotMultiNodeReady, check_multinode
 cfg = load_config("configs/babyai-local.yaml", sys.argv[2:])
 ray.init(address=sys.argv[1], log_to_driver=False)
 try:

@@ -31,7 +31,7 @@ def storage(tmp_path) -> Path:
     """The shared storage: `runs/` and `models/`, the base model copied in from this host's
     cache (built here first if missing), as a user would stage it on a shared volume."""
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.model.load import ensure_model
 
     for d in NODE_LOCAL:
         d.mkdir(exist_ok=True)

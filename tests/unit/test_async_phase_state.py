@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from horizonrl.cluster.async_phase import AsyncPhase
 from horizonrl.cluster.config import load_config
-from horizonrl.cluster.ledger import Ledger
+from horizonrl.cluster.train.async_phase import AsyncPhase
+from horizonrl.cluster.train.ledger import Ledger
 from horizonrl.protos.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]

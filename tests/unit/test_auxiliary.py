@@ -119,8 +119,8 @@ def test_rejection_sampling_dedups_within_group_only():
 def test_offline_rs_masks_invalid_turns_like_the_online_learner(tmp_path):
     from dataclasses import replace
 
-    from horizonrl.cluster.auxiliary import build_data
     from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.warm_start.auxiliary import build_data
     from horizonrl.protos.codec import to_json_line
 
     two_turns = replace(traj("g", (5, 6, 7, 8), (1, 0, 1, 1), reward=1.0), num_turns=2,

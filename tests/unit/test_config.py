@@ -75,7 +75,7 @@ def test_multi_env_labels_must_be_unique():
 
 
 def test_tasks_are_drawn_by_env_weight_and_reproducibly():
-    from horizonrl.cluster.iteration import sample_tasks
+    from horizonrl.cluster.rollout.iteration import sample_tasks
     from horizonrl.envpool.base import EVAL_SEED_OFFSET
 
     cfg = load_config(None, ["generator.tasks_per_step=400",
@@ -90,7 +90,7 @@ def test_tasks_are_drawn_by_env_weight_and_reproducibly():
 
 
 def test_dynamic_sampling_rounds_draw_fresh_groups():
-    from horizonrl.cluster.iteration import sample_tasks
+    from horizonrl.cluster.rollout.iteration import sample_tasks
 
     cfg = load_config(None)
     first, again = sample_tasks(cfg, 3), sample_tasks(cfg, 3, 1)
@@ -101,7 +101,7 @@ def test_dynamic_sampling_rounds_draw_fresh_groups():
 
 
 def test_difficulty_schedule_draws_envs_by_stage_weights():
-    from horizonrl.cluster.iteration import sample_tasks
+    from horizonrl.cluster.rollout.iteration import sample_tasks
 
     stepwise = ["curriculum.schedule=stepwise", "curriculum.horizons=[4, 8]",
                 "curriculum.steps_per_stage=3", "generator.tasks_per_step=16"]
@@ -136,7 +136,7 @@ def test_tasks_split_over_generators_like_numpy_array_split():
     most, the first shares taking the remainder."""
     import numpy as np
 
-    from horizonrl.cluster.iteration import split_evenly
+    from horizonrl.cluster.rollout.iteration import split_evenly
 
     for n in range(13):
         for parts in range(1, 5):
@@ -166,7 +166,7 @@ def test_an_old_and_a_new_name_together_are_refused():
 
 def test_the_tiny_models_cache_key_survives_the_rename():
     """Caches built when the field was `max_turns` stay valid (a 4-minute rebuild otherwise)."""
-    from horizonrl.cluster.models import tiny_model_dir
+    from horizonrl.cluster.model.load import tiny_model_dir
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml")
     assert tiny_model_dir(cfg.model, cfg.env).name == "tiny-babyai-f8011016a7"

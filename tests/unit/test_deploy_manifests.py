@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBERAY = ROOT / "deploy" / "kuberay"
 CRD_DIR = ROOT.parent / "shared" / "kuberay-crds"
 CRD_FILES = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
-# Settings of the private 127.0.0.1 Ray (cluster/runtime.py) that must not reach a real cluster.
+# Settings of the private 127.0.0.1 Ray (cluster/ops/runtime.py) that must not reach a real cluster.
 LOOPBACK_ONLY_ENV = {"GLOO_SOCKET_IFNAME", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE"}
 # The CRD leaves the top-level metadata to the API server (ObjectMeta); this is the part we use.
 OBJECT_META = {
@@ -253,7 +253,7 @@ def test_worker_groups_hold_the_roles_they_are_chosen_by(name):
     """Every actor of the plan (the figures `train --dry-run` prints) and the driver go to the
     worker group whose custom resources they ask for (the only group, when there is one), and
     each group's guaranteed pods hold what lands on it."""
-    from horizonrl.cluster.plan import placement_plan
+    from horizonrl.cluster.ops.plan import placement_plan
     from horizonrl.learner.ingest_guard import is_loopback
 
     job = RAY_JOBS[name]

@@ -10,8 +10,8 @@ from fractions import Fraction
 
 import pytest
 
-from horizonrl.cluster import eval_metrics as em
-from horizonrl.cluster.eval_metrics import EpisodeRecord
+from horizonrl.cluster.eval import metrics as em
+from horizonrl.cluster.eval.metrics import EpisodeRecord
 
 
 def rec(*, model: str = "base", env: str = "babyai", task: str = "t0", sample: int = 0,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from horizonrl.cluster.eval_metrics import invalid_action_rate, repeated_action_rate, summarise
-from horizonrl.cluster.evaluate import eval_env_configs, eval_tasks, to_records
+from horizonrl.cluster.eval.evaluate import eval_env_configs, eval_tasks, to_records
+from horizonrl.cluster.eval.metrics import invalid_action_rate, repeated_action_rate, summarise
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.protos.trajectory import Failure, Trajectory

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.cluster.eval_metrics import EpisodeRecord, summarise
-from horizonrl.cluster.eval_report import PLOTS, markdown, write_report
+from horizonrl.cluster.eval.metrics import EpisodeRecord, summarise
+from horizonrl.cluster.eval.report import PLOTS, markdown, write_report
 
 pytest.importorskip("matplotlib")
 
@@ -74,7 +74,6 @@ def test_plots_are_real_images(compare_report: tuple[dict, list[Path]]) -> None:
     import matplotlib.image
 
     for path in compare_report[1][2:]:
-        assert path.stat().st_size > 10_000, path.name
         img = matplotlib.image.imread(path)
         assert img.ndim == 3 and img.shape[0] >= 400 and img.shape[1] >= 600, path.name
         assert img[..., :3].std() > 0.05, f"{path.name} is nearly blank"
@@ -86,7 +85,10 @@ def test_single_model_report_has_no_comparison_column(tmp_path: Path) -> None:
     md = paths[1].read_text()
     assert "| env | max turns | base |" in md
     assert "Δ" not in md and "trained" not in md
-    assert all(p.stat().st_size > 10_000 for p in paths[2:])
+    from PIL import Image
+
+    # Drawn plots: axes, text and series make many colours (a blank figure has one or two).
+    assert all(len(Image.open(p).convert("RGB").getcolors(256) or ()) >= 8 for p in paths[2:])
 
 
 def test_missing_cells_show_as_dashes() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import figures
-from horizonrl.cluster.provenance import ROOT, command_line
+from horizonrl.cluster.ops.provenance import ROOT, command_line
 
 DICT_ARG = "curriculum.env_weights={textcraft-d1: [3, 3], textcraft-d2: [1, 1]}"
 

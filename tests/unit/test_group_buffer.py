@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from horizonrl.cluster.group_buffer import GroupBuffer
+from horizonrl.cluster.train.group_buffer import GroupBuffer
 from horizonrl.protos.trajectory import Trajectory
 
 

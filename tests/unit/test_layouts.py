@@ -177,7 +177,7 @@ def test_the_memory_plan_counts_the_token_budget(capsys):
     from pathlib import Path
 
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.plan import memory_report
+    from horizonrl.cluster.ops.plan import memory_report
 
     config = Path(__file__).resolve().parents[2] / "configs/babyai-local.yaml"
     memory_report(load_config(config, ["generator.max_context_tokens=2048"]), None)

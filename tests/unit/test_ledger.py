@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from horizonrl.cluster.ledger import Ledger
+from horizonrl.cluster.train.ledger import Ledger
 
 
 def test_reconciles_when_every_id_has_one_fate(tmp_path):

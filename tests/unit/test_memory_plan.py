@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.cluster.memory_plan import ModelShape, activation_bytes, model_states_bytes
+from horizonrl.cluster.ops.memory_plan import ModelShape, activation_bytes, model_states_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN_7B = ModelShape.from_config(ROOT / "configs/models/qwen2.5-7b")
@@ -84,7 +84,7 @@ def test_gpu_recipes_fit_the_node_they_describe(path):
 
 
 def test_only_nodes_that_can_host_actors_make_a_run_multi_node() -> None:
-    from horizonrl.cluster.multinode import actor_nodes
+    from horizonrl.cluster.ops.multinode import actor_nodes
 
     head = {"Alive": True, "NodeID": "h", "Resources": {"memory": 1e9}}  # KubeRay: num-cpus 0
     worker = {"Alive": True, "NodeID": "w", "Resources": {"CPU": 4.0}}

@@ -5,8 +5,8 @@ import pytest
 from pydantic import ValidationError
 
 from horizonrl.cluster.config import ModelConfig, TinyModelConfig
-from horizonrl.cluster.models import tiny_model_dir
-from horizonrl.cluster.tiny_model import (
+from horizonrl.cluster.model.load import tiny_model_dir
+from horizonrl.cluster.model.tiny_model import (
     _render,
     name_words,
     random_transcripts,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from horizonrl.cluster.eval_metrics import summarise
-from horizonrl.cluster.evaluate import to_records
-from horizonrl.cluster.ledger import Ledger
+from horizonrl.cluster.eval.evaluate import to_records
+from horizonrl.cluster.eval.metrics import summarise
+from horizonrl.cluster.train.ledger import Ledger
 from horizonrl.learner.auxiliary import (
     dpo_pairs_from_groups,
     rejection_sampling_indices,

@@ -44,3 +44,15 @@ def test_console_script_loads_from_the_package() -> None:
     from horizonrl.cluster.cli import main
 
     assert script.load() is main
+
+
+def test_every_package_folder_is_listed_for_a_wheel() -> None:
+    """pyproject lists packages by name (package-dir maps them): a sub-package left out works in
+    an editable install and is missing from a built wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {"horizonrl." + ".".join(p.parent.relative_to(ROOT).parts)
+             for folder in FOLDERS for p in (ROOT / folder).rglob("__init__.py")}
+    assert found == listed, {"not listed": found - listed, "listed, no folder": listed - found}

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from horizonrl.cluster.config import load_config
-from horizonrl.cluster.plan import place_on_nodes, placement_plan, print_per_node
+from horizonrl.cluster.ops.plan import place_on_nodes, placement_plan, print_per_node
 from horizonrl.envpool.config import EnvConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def _fake_cluster(monkeypatch, nodes: dict[str, dict[str, float]]) -> None:
 def test_the_start_refuses_a_generator_that_fits_the_totals_but_no_node(monkeypatch):
     """4 CPUs in all, 2 per node: a 3-CPU generator fits the totals and no node. Ray would keep
     it pending for ever, so the check before any actor names it and what no node has."""
-    from horizonrl.cluster.plan import DoesNotFit, wait_until_fits
+    from horizonrl.cluster.ops.plan import DoesNotFit, wait_until_fits
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", ["generator.num_cpus=3",
                                                            "learner.world_size=1"])
@@ -89,7 +89,7 @@ def test_the_start_refuses_a_generator_that_fits_the_totals_but_no_node(monkeypa
 
 
 def test_the_start_passes_when_every_actor_fits_some_node(monkeypatch):
-    from horizonrl.cluster.plan import wait_until_fits
+    from horizonrl.cluster.ops.plan import wait_until_fits
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", ["generator.num_cpus=2",
                                                            "learner.world_size=1"])
@@ -99,7 +99,7 @@ def test_the_start_passes_when_every_actor_fits_some_node(monkeypatch):
 
 def test_a_request_that_no_node_holds_whole_says_so_per_node(monkeypatch):
     """Each resource exists somewhere, never together: the message says what each node lacks."""
-    from horizonrl.cluster.plan import DoesNotFit, wait_until_fits
+    from horizonrl.cluster.ops.plan import DoesNotFit, wait_until_fits
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", ["generator.num_gpus=1",
                                                            "learner.world_size=1"])
@@ -111,7 +111,7 @@ def test_a_request_that_no_node_holds_whole_says_so_per_node(monkeypatch):
 
 
 def test_strictly_packed_learner_ranks_must_fit_one_node_together(monkeypatch):
-    from horizonrl.cluster.plan import DoesNotFit, wait_until_fits
+    from horizonrl.cluster.ops.plan import DoesNotFit, wait_until_fits
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "learner.world_size=2", "learner.num_cpus_per_worker=1.5",  # 4.5 CPUs in all
@@ -124,7 +124,7 @@ def test_strictly_packed_learner_ranks_must_fit_one_node_together(monkeypatch):
 def test_nodes_that_share_an_ip_are_told_apart(monkeypatch):
     """Two raylets on one machine (ray.cluster_utils, or two pods on a host network) are two
     nodes, not one."""
-    from horizonrl.cluster.plan import live_nodes
+    from horizonrl.cluster.ops.plan import live_nodes
 
     _fake_cluster(monkeypatch, {"127.0.0.1": {"CPU": 2.0}})
     import ray

@@ -11,7 +11,7 @@ def test_save_png_writes_a_small_palette_image_of_the_figure(tmp_path: Path) -> 
     from matplotlib.figure import Figure
     from PIL import Image
 
-    from horizonrl.cluster.png import COLOURS, save_png
+    from horizonrl.cluster.ops.png import COLOURS, save_png
 
     fig = Figure(figsize=(4, 3))
     FigureCanvasAgg(fig)

@@ -58,7 +58,7 @@ def test_learner_ranks_that_resolve_differently_are_refused():
 def test_the_memory_plan_counts_auto_as_bf16(capsys):
     """The plan is per GPU, where `auto` means bf16."""
     from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.plan import memory_report
+    from horizonrl.cluster.ops.plan import memory_report
 
     printed = {}
     for learner, engine in (("auto", "auto"), ("bfloat16", "bfloat16"), ("float32", "float32")):

@@ -1,6 +1,6 @@
 """Progress output: plain lines off a terminal, a rich bar with the same lines on one."""
 
-from horizonrl.cluster.metrics import ProgressReporter
+from horizonrl.cluster.train.metrics import ProgressReporter
 
 M = {"step": 1, "horizon": 3, "policy_version": 2, "reward_mean": 0.5, "success_rate": 0.5,
      "turns_mean": 2.0, "invalid_action_rate": 0.1, "tokens_per_s": 100.0,

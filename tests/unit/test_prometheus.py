@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.cluster.prometheus import PrometheusExporter
+from horizonrl.cluster.ops.prometheus import PrometheusExporter
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/horizonrl.json"
 LABELS = {"run": "r", "env": "e"}

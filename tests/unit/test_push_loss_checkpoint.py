@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 
 from horizonrl.actors.curriculum import CurriculumActor
-from horizonrl.cluster.checkpoints import load_resume, truncate_metrics
 from horizonrl.cluster.config import load_config
-from horizonrl.cluster.driver import GeneratorLost, Trainer
-from horizonrl.cluster.iteration import Gathered
-from horizonrl.cluster.ledger import Ledger
-from horizonrl.cluster.metrics import MetricsLogger
+from horizonrl.cluster.ops.checkpoints import load_resume, truncate_metrics
+from horizonrl.cluster.rollout.iteration import Gathered
+from horizonrl.cluster.train.driver import GeneratorLost, Trainer
+from horizonrl.cluster.train.ledger import Ledger
+from horizonrl.cluster.train.metrics import MetricsLogger
 from horizonrl.protos.reports import RolloutReport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +109,7 @@ def test_the_checkpoint_after_a_lost_push_counts_the_applied_update(tmp_path, mo
     t.phase.fail = True
     with pytest.raises(GeneratorLost):
         t.step()
-    # What cluster/run.py does on GeneratorLost: keep what the learner has learned.
+    # What cluster/train/run.py does on GeneratorLost: keep what the learner has learned.
     saved = t.save_checkpoint()
     t.ledger.close()
     t.metrics.close()

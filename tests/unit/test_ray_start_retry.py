@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from horizonrl.cluster.runtime import STARTUP_TIMEOUT_TEXT, start_local
+from horizonrl.cluster.ops.runtime import STARTUP_TIMEOUT_TEXT, start_local
 
 
 class FlakyInit:

@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-from horizonrl.cluster.reading import (
+from horizonrl.cluster.model.reading import (
     observation_lines,
     reading_accuracy,
     reading_ids,
     reading_messages,
     reading_tasks,
 )
-from horizonrl.cluster.tiny_model import _render, random_transcripts, train_tokenizer
+from horizonrl.cluster.model.tiny_model import _render, random_transcripts, train_tokenizer
 from horizonrl.protos.chat import ChatFormat
 
 
@@ -86,7 +86,7 @@ def test_accuracy_probe_scores_a_trained_and_an_untrained_model(pool):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from horizonrl.cluster.tiny_model import pretrain
+    from horizonrl.cluster.model.tiny_model import pretrain
 
     tasks = reading_tasks(pool, count=24, seed=0)
     chat = ChatFormat(train_tokenizer([_render(reading_messages(t)) for t in tasks], 400, "word"))

@@ -13,7 +13,7 @@ from horizonrl.actors.curriculum import HorizonSetting
 from horizonrl.actors.episodes import Episode, IndependentEpisodes
 from horizonrl.actors.policy_board import PolicyBoard, PolicyFeed
 from horizonrl.actors.rollout import AgentLoop, Completion
-from horizonrl.cluster.async_phase import split_stale
+from horizonrl.cluster.train.async_phase import split_stale
 from horizonrl.envpool.babyai import SYSTEM_PROMPT, parse_action
 from horizonrl.envpool.base import StepResult
 from horizonrl.envpool.config import EnvConfig

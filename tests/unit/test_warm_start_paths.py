@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from horizonrl.cluster.warm_start import DONE_FILE, INIT_DIR, DemoReplay, warm_start_model
+from horizonrl.cluster.warm_start.recipe import DONE_FILE, INIT_DIR, DemoReplay, warm_start_model
 
 
 def test_copied_run_uses_its_own_clone(tmp_path):

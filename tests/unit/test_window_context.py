@@ -130,7 +130,7 @@ def test_window_shrinks_to_fit_and_a_turn_that_cannot_fit_ends_the_episode(
     # The driver says so on the console once per run (actor output stays in Ray's logs).
     from types import SimpleNamespace
 
-    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.train.driver import Trainer
 
     trainer = SimpleNamespace(_context_warned=False)
     for _ in range(2):

@@ -6,20 +6,20 @@ import signal
 import time
 from pathlib import Path
 
-from horizonrl.cluster.checkpoints import find_checkpoint, load_resume, truncate_metrics
 from horizonrl.cluster.config import RunConfig
-from horizonrl.cluster.driver import GeneratorLost, Trainer
-from horizonrl.cluster.iteration import make_run_dir
-from horizonrl.cluster.metrics import ProgressReporter
-from horizonrl.cluster.models import check_context, ensure_model
-from horizonrl.cluster.multinode import check_multinode
-from horizonrl.cluster.plan import wait_until_fits
+from horizonrl.cluster.model.load import check_context, ensure_model
+from horizonrl.cluster.ops.checkpoints import find_checkpoint, load_resume, truncate_metrics
+from horizonrl.cluster.ops.multinode import check_multinode
+from horizonrl.cluster.ops.plan import wait_until_fits
+from horizonrl.cluster.rollout.iteration import make_run_dir
+from horizonrl.cluster.train.driver import GeneratorLost, Trainer
+from horizonrl.cluster.train.metrics import ProgressReporter
 
 
 def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     """Run `cfg.iterations` iterations in total (a resumed run does the rest); returns the
     run directory."""
-    from horizonrl.cluster.runtime import link_worker_logs, ray_session
+    from horizonrl.cluster.ops.runtime import link_worker_logs, ray_session
 
     base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
     check_context(base, cfg.generator.max_context_tokens)
@@ -32,7 +32,7 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
             print(f"[horizonrl] actor output (vLLM, DeepSpeed, envs): {logs} (run_dir/ray-logs)",
                   flush=True)
         if state is None and cfg.init.sft_epochs > 0:
-            from horizonrl.cluster.warm_start import run_warm_start
+            from horizonrl.cluster.warm_start.recipe import run_warm_start
 
             # RL starts from the cloned model, and it is also the KL reference from then on.
             cloned = run_warm_start(cfg, run_dir=run_dir, base_model=str(base))
@@ -64,7 +64,7 @@ def _open_run(cfg: RunConfig, resume: str | None) -> tuple[Path, object]:
 
 def _unfinished_warm_start(cfg: RunConfig) -> Path | None:
     """The newest run of this name and seed that began a warm start and has no checkpoint."""
-    from horizonrl.cluster.warm_start import INIT_DIR
+    from horizonrl.cluster.warm_start.recipe import INIT_DIR
 
     for run in sorted(Path(cfg.run_root).glob(f"{cfg.name}__{cfg.seed}__*"), reverse=True):
         if (run / INIT_DIR).is_dir():

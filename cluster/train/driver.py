@@ -3,7 +3,7 @@
 One iteration: curriculum horizon -> the rollout phase gathers whole GRPO groups, streamed over
 gRPC (sync, AgentGym-RL's: exactly this step's trajectories; async: the oldest buffered groups)
 -> one policy update -> the phase publishes the weights (policy_version + 1) -> the curriculum
-ticks. The modes differ only in their phase (cluster/phases.py).
+ticks. The modes differ only in their phase (cluster/train/phases.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ from typing import Any
 
 from horizonrl.actors.curriculum import CurriculumActor
 from horizonrl.actors.generator import GeneratorActor
-from horizonrl.cluster.checkpoints import (
+from horizonrl.cluster.config import RunConfig
+from horizonrl.cluster.model.load import ensure_model
+from horizonrl.cluster.ops.checkpoints import (
     ResumeState,
     learner_identity,
     restore_learner,
     write_checkpoint,
 )
-from horizonrl.cluster.config import RunConfig
-from horizonrl.cluster.iteration import (
+from horizonrl.cluster.ops.multinode import record_placement
+from horizonrl.cluster.ops.plan import placement_plan, wait_started
+from horizonrl.cluster.ops.prometheus import PrometheusExporter
+from horizonrl.cluster.rollout.iteration import (
     Gathered,
     collect_trajectories,
     env_metrics,
@@ -33,14 +37,10 @@ from horizonrl.cluster.iteration import (
     resolved_learner,
     rollout_metrics,
 )
-from horizonrl.cluster.ledger import Ledger
-from horizonrl.cluster.metrics import MetricsLogger
-from horizonrl.cluster.models import ensure_model
-from horizonrl.cluster.multinode import record_placement
-from horizonrl.cluster.phases import make_phase
-from horizonrl.cluster.plan import placement_plan, wait_started
-from horizonrl.cluster.prometheus import PrometheusExporter
-from horizonrl.cluster.warm_start import DemoReplay
+from horizonrl.cluster.train.ledger import Ledger
+from horizonrl.cluster.train.metrics import MetricsLogger
+from horizonrl.cluster.train.phases import make_phase
+from horizonrl.cluster.warm_start.recipe import DemoReplay
 from horizonrl.envpool.pool import EnvPool
 from horizonrl.learner.batch import apply_overlong
 from horizonrl.learner.group import LearnerGroup
@@ -328,8 +328,8 @@ class Trainer:
         policy, as eval/<env>/h<H>/... keys."""
         import ray
 
-        from horizonrl.cluster.eval_metrics import summarise
-        from horizonrl.cluster.evaluate import run_sweep
+        from horizonrl.cluster.eval.evaluate import run_sweep
+        from horizonrl.cluster.eval.metrics import summarise
 
         e = self.cfg.eval
         turns = e.horizons or [ray.get(self.curriculum.current.remote())[0]]
@@ -355,7 +355,7 @@ class Trainer:
         return {k: v for k, v in flat.items() if v is not None}
 
     def save_checkpoint(self) -> Path:
-        """checkpoints/step_N of the steps done so far (cluster/checkpoints.py)."""
+        """checkpoints/step_N of the steps done so far (cluster/ops/checkpoints.py)."""
         import ray
 
         phase, buffer = self.phase.state() or (None, None)

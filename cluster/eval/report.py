@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from horizonrl.cluster.png import save_png
+from horizonrl.cluster.ops.png import save_png
 
 PLOTS = ("accuracy_per_env.png", "accuracy_vs_max_turns.png", "pass_at_k.png", "interaction.png")
 """Plot files write_report makes, in order, after results.json and results.md."""

@@ -19,27 +19,20 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 from horizonrl.actors.rollout import AgentLoop, Completion
 from horizonrl.cluster.config import RunConfig
+from horizonrl.cluster.model.tiny_model import Thought, expert_reply
 from horizonrl.envpool.base import EVAL_SEED_OFFSET, split_seeds
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.pool import EnvError, EnvPool
-from horizonrl.envpool.registry import EnvSpec, env_spec
+from horizonrl.envpool.registry import env_spec
 from horizonrl.protos.chat import ChatFormat, load_tokenizer
 from horizonrl.protos.codec import to_json_line
 from horizonrl.protos.trajectory import Failure, Trajectory
 
-Thought = Literal["short", "none"]
 DEMOS_FILE = "demos.jsonl"
 SUMMARY_FILE = "summary.json"
-
-
-def expert_reply(spec: EnvSpec, action: str, thought: Thought = "short") -> str:
-    """The reply text for `action`: a short templated thought, then the env's action line."""
-    line = spec.format_action(action)
-    return line if thought == "none" else f"Thought: I will {action}.\n{line}"
 
 
 def demo_seeds(split: str, episodes: int, seed: int | str) -> list[int]:

@@ -17,7 +17,7 @@ import numpy as np
 from horizonrl.actors.curriculum import env_weights_at
 from horizonrl.actors.generator import Task
 from horizonrl.cluster.config import RunConfig, dump_config
-from horizonrl.cluster.prometheus import repeated_action_rate
+from horizonrl.cluster.ops.prometheus import repeated_action_rate
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.learner.config import IngestConfig, LearnerConfig
 from horizonrl.learner.ingest import TrajectoryIngest, is_wildcard

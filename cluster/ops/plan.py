@@ -199,8 +199,8 @@ def model_shape(cfg: RunConfig):
     from pathlib import Path
 
     from horizonrl.cluster.config import TINY_PRESETS
-    from horizonrl.cluster.memory_plan import ModelShape
-    from horizonrl.cluster.tiny_model import tiny_qwen2_config
+    from horizonrl.cluster.model.tiny_model import tiny_qwen2_config
+    from horizonrl.cluster.ops.memory_plan import ModelShape
 
     if cfg.model.path is not None:
         return ModelShape.from_config(Path(cfg.model.path))
@@ -212,7 +212,7 @@ def model_shape(cfg: RunConfig):
 
 def memory_report(cfg: RunConfig, gpu_gib: float | None) -> bool:
     """Print the per-GPU memory plan; False when a role needs more than `gpu_gib`."""
-    from horizonrl.cluster.memory_plan import format_plan, memory_plan
+    from horizonrl.cluster.ops.memory_plan import format_plan, memory_plan
     from horizonrl.learner.layout import DEFAULT_BUDGET
 
     g, learner = cfg.generator, cfg.learner

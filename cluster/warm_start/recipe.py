@@ -84,7 +84,7 @@ class DemoReplay:
 
 
 def _demos(cfg: RunConfig, root: Path, base_model: str) -> Path:
-    from horizonrl.cluster.demos import SUMMARY_FILE, collect_demos
+    from horizonrl.cluster.warm_start.demos import SUMMARY_FILE, collect_demos
 
     if cfg.init.demos is not None:
         return Path(cfg.init.demos)
@@ -99,7 +99,7 @@ def _demos(cfg: RunConfig, root: Path, base_model: str) -> Path:
 
 
 def _examples(cfg: RunConfig, demos: Path, purpose: str = "clone") -> list[Any]:
-    from horizonrl.cluster.auxiliary import read_trajectories
+    from horizonrl.cluster.warm_start.auxiliary import read_trajectories
     from horizonrl.learner.auxiliary import sft_examples_from_trajectories
 
     trajs = read_trajectories(demos)
@@ -172,7 +172,7 @@ def _evaluate(cfg: RunConfig, out: Path, *, base: str, cloned: str) -> dict[str,
 
 
 def _run_eval(cfg: RunConfig, out: Path, h: int, *, base: str, cloned: str) -> dict[str, Any]:
-    from horizonrl.cluster.evaluate import evaluate_in_session
+    from horizonrl.cluster.eval.evaluate import evaluate_in_session
 
     return evaluate_in_session(cfg, {"base": base, "bc": cloned}, envs=cfg.envs,
                                tasks=cfg.init.eval_tasks, samples=1, max_turns=[h], out=out)

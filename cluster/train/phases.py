@@ -1,5 +1,5 @@
 """Where an iteration's data comes from and how new weights reach the generators: the one part
-that differs between sync and async training. The `Trainer` (cluster/driver.py) runs the same
+that differs between sync and async training. The `Trainer` (cluster/train/driver.py) runs the same
 loop in both modes (gather -> train -> ledger -> publish -> metrics) and holds the shared parts
 both phases use: the generators and their one recovery path (`replace_dead_generator`), the
 ingest (`collect`), the weight sync and the ledger.
@@ -7,7 +7,7 @@ ingest (`collect`), the weight sync and the ledger.
 Sync (AgentGym-RL's): every step rolls out its own tasks, trains on exactly those trajectories,
 and every generator reloads the new weights before the next rollout.
 
-Async (cluster/async_phase.py): generators never wait for the learner; the learner trains
+Async (cluster/train/async_phase.py): generators never wait for the learner; the learner trains
 on the oldest complete groups of a buffer, and with partial rollouts episodes in flight take
 new weights at their next turn and the learner never waits for a rollout's stragglers.
 
@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from horizonrl.cluster.async_phase import AsyncPhase
-from horizonrl.cluster.iteration import (
+from horizonrl.cluster.rollout.iteration import (
     Gathered,
     dead_actors,
     sample_tasks,
     split_evenly,
 )
+from horizonrl.cluster.train.async_phase import AsyncPhase
 from horizonrl.learner.credit import make_estimator
 from horizonrl.learner.weights import SyncStats
 from horizonrl.protos.reports import RolloutReport, all_ids
@@ -34,7 +34,7 @@ from horizonrl.protos.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from horizonrl.actors.generator import Task
-    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.train.driver import Trainer
 
 
 class RolloutPhase(Protocol):

@@ -50,6 +50,6 @@ def check_context(path: Path, max_context_tokens: int) -> None:
 
 def build_from_config(out: str | Path, tiny: TinyModelConfig, *, env: EnvConfig) -> Path:
     """`horizonrl make-tiny-model` and the cache above: the tiny model as `tiny` describes it."""
-    from horizonrl.cluster.tiny_model import build_tiny_model
+    from horizonrl.cluster.model.tiny_model import build_tiny_model
 
     return build_tiny_model(out, env_name=env.name, env_kwargs=env.kwargs, **tiny.model_dump())

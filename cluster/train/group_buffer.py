@@ -4,7 +4,7 @@ A group is complete once `group_size` of its episodes are in; the learner takes 
 only, oldest completion first. Streaming (partial rollouts) adds trajectories as they arrive,
 so the groups of a rollout complete one by one while its stragglers still run; the learner
 trains on those that are complete and never waits for the rest. A plain class: the phase
-(cluster/phases.py) decides what goes in and when to take.
+(cluster/train/phases.py) decides what goes in and when to take.
 """
 
 from __future__ import annotations

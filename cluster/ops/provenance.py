@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 """The checkout: script paths are recorded relative to it (`bench/x.py`)."""
 CLI = "horizonrl"
 """How the CLI is recorded, whether it ran as the console script or `-m horizonrl.cluster.cli`."""

@@ -38,14 +38,14 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from horizonrl.cluster.group_buffer import GroupBuffer
-from horizonrl.cluster.iteration import Gathered, sample_tasks
+from horizonrl.cluster.rollout.iteration import Gathered, sample_tasks
+from horizonrl.cluster.train.group_buffer import GroupBuffer
 from horizonrl.learner.weights import SyncStats
 from horizonrl.protos.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from horizonrl.actors.generator import Task
-    from horizonrl.cluster.driver import Trainer
+    from horizonrl.cluster.train.driver import Trainer
 
 _POLL_S = 0.2  # streaming: how long one wait for arrivals lasts before reports are checked
 

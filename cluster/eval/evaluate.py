@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.actors.generator import GeneratorActor, Task
-from horizonrl.cluster.checkpoints import STATE_FILE, latest_checkpoint
 from horizonrl.cluster.config import RunConfig
-from horizonrl.cluster.eval_metrics import EpisodeRecord
+from horizonrl.cluster.eval.metrics import EpisodeRecord
+from horizonrl.cluster.ops.checkpoints import STATE_FILE, latest_checkpoint
 from horizonrl.envpool.base import split_seeds
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.pool import EnvPool
@@ -59,7 +59,7 @@ def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequ
     `collect(ids)` returns the trajectories with those ids from the ingest."""
     import ray
 
-    from horizonrl.cluster.iteration import split_evenly
+    from horizonrl.cluster.rollout.iteration import split_evenly
 
     records: list[EpisodeRecord] = []
     for h in max_turns:
@@ -75,7 +75,7 @@ def run_sweep(generators: Sequence[Any], collect: Any, *, model: str, envs: Sequ
 def resolve_model(spec: str, cfg: RunConfig) -> str:
     """`base` (the config's starting model), a run folder (its newest checkpoint), a checkpoint
     folder, or any save_pretrained folder."""
-    from horizonrl.cluster.models import ensure_model
+    from horizonrl.cluster.model.load import ensure_model
 
     if spec == "base":
         return str(cfg.model.path or ensure_model(cfg.model, env=cfg.env))
@@ -95,7 +95,7 @@ def evaluate(cfg: RunConfig, models: dict[str, str], *, envs: Sequence[EnvConfig
              samples: int, max_turns: Sequence[int], out: str | Path,
              split: str = "eval") -> dict[str, Any]:
     """Evaluate each labelled model; write the report to `out`; return the summary."""
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
 
     with ray_session(cfg.ray):
         return evaluate_in_session(cfg, models, envs=envs, tasks=tasks, samples=samples,
@@ -117,10 +117,10 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
     its `eval_replicas_per_actor`."""
     import ray
 
-    from horizonrl.cluster.eval_metrics import summarise
-    from horizonrl.cluster.eval_report import write_report
-    from horizonrl.cluster.iteration import collect_trajectories, open_ingest
-    from horizonrl.cluster.plan import placement_plan, wait_started
+    from horizonrl.cluster.eval.metrics import summarise
+    from horizonrl.cluster.eval.report import write_report
+    from horizonrl.cluster.ops.plan import placement_plan, wait_started
+    from horizonrl.cluster.rollout.iteration import collect_trajectories, open_ingest
 
     records: list[EpisodeRecord] = []
     g = cfg.generator

@@ -14,20 +14,29 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from horizonrl.cluster.reading import (
+from horizonrl.cluster.model.reading import (
     observation_lines,
     probe_tasks,
     reading_accuracy,
     reading_ids,
     reading_tasks,
 )
-from horizonrl.envpool.registry import env_spec, make_env
+from horizonrl.envpool.registry import EnvSpec, env_spec, make_env
 from horizonrl.protos.chat import CHATML_TEMPLATE, IM_END, IM_START, PAD, SPECIAL_TOKENS, ChatFormat
 
 MODEL_MARKER = "horizonrl_tiny_model.json"
+Thought = Literal["short", "none"]
+
+
+def expert_reply(spec: EnvSpec, action: str, thought: Thought = "short") -> str:
+    """The reply text for `action`: a short templated thought, then the env's action line (the
+    format of the demonstrations, and of the pre-training transcripts that teach its words)."""
+    line = spec.format_action(action)
+    return line if thought == "none" else f"Thought: I will {action}.\n{line}"
 
 
 def random_transcripts(
@@ -35,8 +44,6 @@ def random_transcripts(
     thought: str = "none",
 ) -> list[list[tuple[str, str]]]:
     """Episodes of a uniformly random valid-action policy as (role, text) message lists."""
-    from horizonrl.cluster.demos import expert_reply
-
     spec = env_spec(env_name)
     env = make_env(env_name, **env_kwargs)
     rng = random.Random(seed)

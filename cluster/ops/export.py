@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from horizonrl.cluster.checkpoints import LEARNER_DIR, PROBE_FILE, STATE_FILE, find_checkpoint
+from horizonrl.cluster.ops.checkpoints import LEARNER_DIR, PROBE_FILE, STATE_FILE, find_checkpoint
 
 # The same precision on both sides (the probe says which); the exported weights are the
 # learner's bit for bit (bf16 ones stored as fp32, exactly).

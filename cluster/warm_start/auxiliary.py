@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.cluster.config import RunConfig, dump_config
-from horizonrl.cluster.models import ensure_model
+from horizonrl.cluster.model.load import ensure_model
 from horizonrl.protos.codec import from_json_line
 from horizonrl.protos.trajectory import Trajectory
 
@@ -87,7 +87,7 @@ def run_auxiliary(kind: str, cfg: RunConfig, *, data: str, out: str | Path, step
                   max_examples: int | None = None) -> list[float]:
     """Train `steps` steps of `kind` on minibatches drawn (seeded) from `data` (its first
     `max_examples` items, if set); save the model. Returns the loss of every step."""
-    from horizonrl.cluster.runtime import ray_session
+    from horizonrl.cluster.ops.runtime import ray_session
     from horizonrl.learner.group import LearnerGroup
 
     out = Path(out)

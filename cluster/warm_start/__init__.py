@@ -1,0 +1,2 @@
+"""Before RL: expert demonstrations, behaviour cloning, and the auxiliary learners (SFT, DPO,
+rejection sampling) on saved trajectories."""
