@@ -69,7 +69,6 @@ class AsyncPhase:
         # tasks), in the order issued. Streaming queues a second rollout on each generator
         # behind the running one, so it starts the moment the first ends.
         self.inflight: dict[Any, tuple[int, int]] = {}
-        self.gen_versions = [trainer.policy_version] * len(trainer.generators)
         self.buffer = GroupBuffer(g.group_size)
         self.open: dict[int, set[str]] = {}  # rollout -> its groups not yet taken
         self.lost: set[str] = set()  # groups of rollouts whose generator died
@@ -139,9 +138,8 @@ class AsyncPhase:
 
         t = self.t
         # Streaming takes new weights from the board, between turns of the rollout.
-        if self.gen_versions[i] < t.policy_version and self.board is None:
-            self._reload_seconds.append(t.weights.hand_off(i, t.policy_version))
-            self.gen_versions[i] = t.policy_version
+        if self.board is None and (ref := t.fleet.hand_off(i)) is not None:
+            self._reload_seconds.append(ref)
         if self.pending:  # in flight at the checkpoint: the groups it owed, again
             r, owed = self.pending.pop(0)
         else:
@@ -240,7 +238,7 @@ class AsyncPhase:
         try:
             out = ray.get(ref)
             # Partial rollouts: the generator may have taken newer weights mid-rollout.
-            self.gen_versions[i] = max(self.gen_versions[i], out.end_policy_version)
+            t.fleet.loaded(i, out.end_policy_version)
         except ray.exceptions.RayActorError:
             self._lose(i, r, g)
         else:
@@ -266,7 +264,6 @@ class AsyncPhase:
         self.open[r] -= owed
         self.lost |= owed
         t.replace_dead_generator(i, lost_episodes=missing, step=t.step_count, when="mid-rollout")
-        self.gen_versions[i] = t.policy_version
 
     def publish(self, learn: dict[str, float]) -> SyncStats:
         """Nothing to wait for: each generator picks the new weights up when its rollout ends
@@ -277,11 +274,10 @@ class AsyncPhase:
         # An update that trained nothing leaves the weights as they were: a new version would
         # only make the data in flight look staler than it is.
         if learn.get("skipped_update", 0.0) == 0.0:
-            self.t.policy_version += 1
+            fleet = self.t.fleet
+            version = fleet.advance()
             if self.board is not None:  # rollouts in flight take it at their next turn
-                t = self.t
-                self.board.post.remote(t.policy_version, [t.weights.state(t.policy_version)],
-                                       None)
+                self.board.post.remote(version, [fleet.weights.state(version)], None)
         done, self._reload_seconds = ray.wait(self._reload_seconds,
                                               num_returns=len(self._reload_seconds), timeout=0)
         secs = ray.get(done)

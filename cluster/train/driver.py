@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.actors.curriculum import CurriculumActor
-from horizonrl.actors.generator import GeneratorActor
 from horizonrl.cluster.config import RunConfig
 from horizonrl.cluster.model.load import ensure_model
 from horizonrl.cluster.ops.checkpoints import (
@@ -26,8 +25,8 @@ from horizonrl.cluster.ops.checkpoints import (
     write_checkpoint,
 )
 from horizonrl.cluster.ops.multinode import record_placement
-from horizonrl.cluster.ops.plan import placement_plan, wait_started
 from horizonrl.cluster.ops.prometheus import PrometheusExporter
+from horizonrl.cluster.rollout.fleet import Fleet, GeneratorLost
 from horizonrl.cluster.rollout.iteration import (
     Gathered,
     collect_trajectories,
@@ -41,10 +40,9 @@ from horizonrl.cluster.train.ledger import Ledger
 from horizonrl.cluster.train.metrics import MetricsLogger
 from horizonrl.cluster.train.phases import make_phase
 from horizonrl.cluster.warm_start.recipe import DemoReplay
-from horizonrl.envpool.pool import EnvPool
 from horizonrl.learner.batch import apply_overlong
 from horizonrl.learner.group import LearnerGroup
-from horizonrl.learner.weights import SyncStats, make_weight_sync
+from horizonrl.learner.weights import SyncStats
 from horizonrl.protos.chat import load_tokenizer
 from horizonrl.protos.codec import to_json_line
 from horizonrl.protos.reports import RolloutSeconds
@@ -55,9 +53,6 @@ class LearnerLost(RuntimeError):
     """A learner rank died: the run cannot go on without a restart from a checkpoint."""
 
 
-class GeneratorLost(RuntimeError):
-    """A generator died and no node could host its replacement (its node was lost and no other
-    offers the resources): the run saves a checkpoint and stops."""
 
 
 class Trainer:
@@ -74,8 +69,6 @@ class Trainer:
         self.model_path = str(resume.checkpoint) if resume else base
         self.step_count = resume.step if resume else 0
         self.resume_phase = resume.phase if resume else None  # read by the rollout phase
-        self.policy_version = resume.policy_version if resume else 0
-        self.generator_restarts = 0
         self._context_warned = False
         self.ingest, self.ingest_address, self.ingest_token = open_ingest(cfg.learner.ingest)
         # On the driver's node: the schedule's state must not die with a rollout node.
@@ -84,13 +77,11 @@ class Trainer:
             scheduling_strategy=here).remote(cfg.curriculum)
         if resume:
             ray.get(self.curriculum.set_state.remote(resume.curriculum))
-        self.generators = [self._spawn_generator(i)
-                           for i in range(cfg.generator.num_generators)]
-        wait_started({f"generator gen{i}": g for i, g in enumerate(self.generators)},
-                     timeout_s=cfg.generator.restart_timeout_s,
-                     needs=placement_plan(cfg)[0][2], knob="generator.restart_timeout_s")
-        ray.get([self.curriculum.register.remote(f"gen{i}", g)
-                 for i, g in enumerate(self.generators)])
+        # The generators and the one policy version (a resume's, or 0).
+        self.fleet = Fleet(cfg, model_path=self.model_path,
+                           ingest=(self.ingest_address, self.ingest_token),
+                           curriculum=self.curriculum,
+                           version=resume.policy_version if resume else 0)
         self.learner = LearnerGroup(resolved_learner(cfg), model_path=self.model_path,
                                     ref_model_path=self.base_model_path,
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed,
@@ -102,7 +93,7 @@ class Trainer:
         record_placement(run_dir, self.generators, self.learner.workers)
         if resume:
             restore_learner(self.learner, resume, learner_identity(cfg.learner))
-        self.weights = make_weight_sync(cfg.learner, self.learner, self.generators)
+        self.fleet.connect(self.learner)
         self.replay = DemoReplay.for_run(cfg, run_dir) if cfg.init.replay_batch else None
         self.metrics = MetricsLogger(
             run_dir, wandb_config=cfg.model_dump(mode="json") if cfg.metrics.wandb else None)
@@ -124,23 +115,17 @@ class Trainer:
     def __enter__(self) -> Trainer:
         return self
 
+    @property
+    def policy_version(self) -> int:
+        """The run's policy version: the fleet's (the one place it changes)."""
+        return self.fleet.version
+
+    @property
+    def generators(self) -> list[Any]:
+        return self.fleet.generators
+
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _spawn_generator(self, i: int) -> Any:
-        import ray
-
-        g = self.cfg.generator
-        remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus,
-                            resources=g.resources or None)(GeneratorActor)
-        return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
-                             env_pools=[EnvPool(e, name=f"gen{i}-{e.key}", index=i)
-                                        for e in self.cfg.envs],
-                             ingest_address=self.ingest_address,
-                             ingest_token=self.ingest_token,
-                             ingest_tls_ca=self.cfg.learner.ingest.tls_ca_path,
-                             seed=self.cfg.seed * 1000 + i,
-                             policy_version=self.policy_version)
 
     def replace_dead_generator(self, i: int, *, lost_episodes: int, step: int, when: str) -> None:
         """The one recovery path for a dead generator (sync rollout, async rollout, weight
@@ -148,36 +133,7 @@ class Trainer:
         id; anything it had pushed is dropped by id as `generator_lost`)."""
         print(f"[horizonrl] generator gen{i} died {when}; restarting it", flush=True)
         self.ledger.add_generator_error(lost_episodes, step)
-        self.restart_generator(i)
-
-    def restart_generator(self, i: int) -> None:
-        """Replace a dead generator: current weights, then the curriculum's current horizon."""
-        import ray
-
-        limit = self.cfg.generator.restart_timeout_s
-        deadline = time.monotonic() + limit
-        while (left := deadline - time.monotonic()) > 0:
-            new = self._spawn_generator(i)
-            try:
-                ray.get(new.ready.remote(), timeout=left)
-                break
-            except ray.exceptions.GetTimeoutError:
-                ray.kill(new)  # pending for a node that is gone: never let it start later
-            except ray.exceptions.RayActorError:
-                # Placed on a node that was dying but not yet declared dead: try again.
-                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-        else:
-            raise GeneratorLost(
-                f"generator gen{i} died and its replacement was not running within {limit:g}s "
-                f"(generator.restart_timeout_s): no node has room for it (free now: "
-                f"{ray.available_resources()}; each generator needs "
-                f"{placement_plan(self.cfg)[0][2]}). A lost node takes its resources with it; "
-                "bring nodes back, then continue with `horizonrl train --config ... --resume "
-                "auto`") from None
-        self.generators[i] = new  # the weight sync holds this same list
-        self.weights.resync(i, self.policy_version)
-        ray.get(self.curriculum.register.remote(f"gen{i}", new))
-        self.generator_restarts += 1
+        self.fleet.restart(i)
 
     def collect(self, ids: list[str]) -> tuple[list[Trajectory], list[str]]:
         """Exactly the trajectories with `ids` from the ingest (overlong rule applied), and the
@@ -241,7 +197,7 @@ class Trainer:
              "trajectories_trained": trained, **g.metrics,
              "ledger": self.ledger.flush(),
              "ingest_duplicates": self.ingest.stats()["duplicates"],
-             "generator_restarts": self.generator_restarts,
+             "generator_restarts": self.fleet.restarts,
              "generator_rss_max_bytes": max((o.rss_bytes for o in outs), default=0),
              "env_restarts": sum(o.env_restarts for o in outs),
              "queue_depth": self.ingest.stats()["queue_depth"], "staleness_max": staleness,
@@ -376,7 +332,7 @@ class Trainer:
         if self.exporter is not None:
             self.exporter.close()
         self.metrics.close()
-        self.weights.close()  # a broadcast group is left before its learner rank goes
+        self.fleet.close()  # a broadcast group is left before its learner rank goes
         self.learner.shutdown()
         self.ingest.stop()
         # The rollout side goes too: a driver that runs several trainings in one Ray session

@@ -1,8 +1,9 @@
 """Where an iteration's data comes from and how new weights reach the generators: the one part
 that differs between sync and async training. The `Trainer` (cluster/train/driver.py) runs the same
 loop in both modes (gather -> train -> ledger -> publish -> metrics) and holds the shared parts
-both phases use: the generators and their one recovery path (`replace_dead_generator`), the
-ingest (`collect`), the weight sync and the ledger.
+both phases use: the fleet of generators (cluster/rollout/fleet.py: the one policy version,
+the weight sync, restarts) and the driver's recovery path (`replace_dead_generator`), the
+ingest (`collect`) and the ledger.
 
 Sync (AgentGym-RL's): every step rolls out its own tasks, trains on exactly those trajectories,
 and every generator reloads the new weights before the next rollout.
@@ -44,8 +45,8 @@ class RolloutPhase(Protocol):
         """The trajectories to train on this step, with what was generated and dropped."""
 
     def publish(self, learn: dict[str, float]) -> SyncStats:
-        """After the update: advance the trainer's policy_version (or not) and get the
-        weights to the generators."""
+        """After the update: advance the fleet's policy version (or not) and get the weights
+        to the generators."""
 
     def close(self) -> None:
         """Before the trainer tears its actors down."""
@@ -130,9 +131,9 @@ class SyncPhase:
         import ray
 
         t = self.t
-        t.policy_version += 1
+        t.fleet.advance()
         try:
-            return t.weights.push(t.policy_version)
+            return t.fleet.push()
         except (ray.exceptions.RayError, TimeoutError):
             # Live generators may still be inside the failed collective until its timeout.
             dead = dead_actors(t.generators, t.cfg.learner.weight_sync_timeout_s + 30)
@@ -141,7 +142,7 @@ class SyncPhase:
         for i in dead:  # its rollout had ended: no episodes lost
             t.replace_dead_generator(i, lost_episodes=0, step=t.step_count,
                                      when="during the weight push")
-        return t.weights.push(t.policy_version)
+        return t.fleet.push()
 
     def close(self) -> None:
         pass  # nothing in flight between steps

@@ -11,8 +11,9 @@ from horizonrl.cluster.model.load import check_context, ensure_model
 from horizonrl.cluster.ops.checkpoints import find_checkpoint, load_resume, truncate_metrics
 from horizonrl.cluster.ops.multinode import check_multinode
 from horizonrl.cluster.ops.plan import wait_until_fits
+from horizonrl.cluster.rollout.fleet import GeneratorLost
 from horizonrl.cluster.rollout.iteration import make_run_dir
-from horizonrl.cluster.train.driver import GeneratorLost, Trainer
+from horizonrl.cluster.train.driver import Trainer
 from horizonrl.cluster.train.metrics import ProgressReporter
 
 

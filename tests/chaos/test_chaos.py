@@ -102,7 +102,7 @@ def test_generator_killed_mid_rollout(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
     trainer, metrics, led = _run(cfg, during=kill_generator)
-    assert trainer.generator_restarts == 1
+    assert trainer.fleet.restarts == 1
     assert led["generator_error_episodes"] >= 16  # its whole share, re-issued
     assert metrics[-1]["policy_version"] == 3
 
@@ -132,7 +132,7 @@ def test_ingest_restarted_under_load(tmp_path):
     assert seen.get("restarted") and seen["received_before"] % per_step
     # that step's later pushes waited for the ingest
     assert metrics[seen["step"]]["seconds"]["transport"] > 2.0
-    assert trainer.generator_restarts == 0
+    assert trainer.fleet.restarts == 0
     assert led["generated"] == 3 * per_step and led["trained"] > 0
     assert not set(led["dropped"]) - {"zero_variance"}  # nothing lost to the restart
     assert trainer.ingest.stats()["received"] == 3 * per_step  # each stored once
@@ -192,7 +192,7 @@ def test_generator_killed_during_a_broadcast_push(tmp_path):
         trainer.learner.broadcast_weights_refs = send_then_kill
 
     trainer, metrics, _led = _run(cfg, during=kill_mid_push)
-    assert trainer.generator_restarts == 1
+    assert trainer.fleet.restarts == 1
     assert len(pushes) == 4  # 3 steps, the second pushed twice
     assert [m["policy_version"] for m in metrics] == [1, 2, 3]
     assert all(m["weight_sync"]["weight_sync_bytes"] > 0 for m in metrics)

@@ -39,18 +39,19 @@ def _lose_generator_at_push(trainer, version: int) -> None:
     for a resource no node offers, as when its node is gone and no other has room."""
     import ray
 
-    push = trainer.weights.push
+    fleet = trainer.fleet
+    push = fleet.weights.push
 
     def push_after_loss(v: int):
         if v == version:
-            pid = ray.get(trainer.generators[0].health.remote())["pid"]
-            g = trainer.cfg.generator.model_copy(update={"resources": {"lost_node": 1.0},
-                                                         "restart_timeout_s": 5.0})
-            trainer.cfg = trainer.cfg.model_copy(update={"generator": g})
+            pid = ray.get(fleet.generators[0].health.remote())["pid"]
+            g = fleet.cfg.generator.model_copy(update={"resources": {"lost_node": 1.0},
+                                                       "restart_timeout_s": 5.0})
+            fleet.cfg = fleet.cfg.model_copy(update={"generator": g})  # what replacements ask
             os.kill(pid, signal.SIGKILL)
         return push(v)
 
-    trainer.weights.push = push_after_loss
+    fleet.weights.push = push_after_loss
 
 
 def _first_two_steps(cfg, *, fault: bool) -> tuple[Path, list[float]]:
@@ -84,6 +85,8 @@ def _resume_last_step(cfg, run_dir: Path) -> dict:
     with ray_session(cfg.ray), Trainer(cfg, run_dir=run_dir, resume=state) as trainer:
         resumed = {"step": trainer.step_count, "version": trainer.policy_version,
                    "probe": trainer.learner.score([PROBE_IDS])[0]}
+        # Resumed generators start at the checkpoint's version, the fleet's.
+        assert trainer.fleet.versions() == [trainer.policy_version] * len(trainer.generators)
         while trainer.step_count < cfg.iterations:
             trainer.step()
         final = trainer.save_checkpoint()

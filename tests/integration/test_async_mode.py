@@ -36,6 +36,10 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
             dropped.append(m["async"]["dropped_stale"])
             assert m["learner"].get("is_weight_mean", 1.0) > 0
         trajs = trainer.last_trajectories
+        # Generators lag in async mode; the fleet's record of what each holds is exact (read
+        # once the rollout in flight has ended) and never ahead of the run's version.
+        held = trainer.fleet.versions()
+        assert held == trainer.fleet.held and max(held) <= trainer.policy_version
         checked = trainer.learner.importance_weights(trajs)
         # Independently: the learner's logprobs of the same sequences, via score().
         seqs = [list(t.prompt_ids + t.response_ids) for t in trajs]

@@ -48,6 +48,8 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
         assert m2["generator_restarts"] == 1
         assert horizons() == [4, 4]
         assert ray.get(trainer.generators[1].get_policy_version.remote()) == 3
+        # The replacement holds the fleet's version, as the generator that lived on does.
+        assert trainer.fleet.versions() == trainer.fleet.held == [trainer.policy_version] * 2
         step2 = trainer.last_trajectories
         assert len(step2) == 8 and {t.info["generator"] for t in step2} == {"gen0", "gen1"}
         for t in step1 + step2:

@@ -67,6 +67,9 @@ def test_two_iterations_end_to_end(cfg):
                 metrics.append(trainer.step())
                 trajs += trainer.last_trajectories
             fixed = [list(t.prompt_ids + t.response_ids) for t in trajs[:4]]
+            # One owner of the policy version: the fleet's is what every generator holds.
+            assert trainer.fleet.versions() == trainer.fleet.held == [2] * len(
+                trainer.generators) and trainer.policy_version == 2
 
             # Exactly once: what the generators reported sending is what the learner trained on.
             ids = [t.trajectory_id for t in trajs]

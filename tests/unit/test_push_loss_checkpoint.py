@@ -17,6 +17,7 @@ import pytest
 from horizonrl.actors.curriculum import CurriculumActor
 from horizonrl.cluster.config import load_config
 from horizonrl.cluster.ops.checkpoints import load_resume, truncate_metrics
+from horizonrl.cluster.rollout.fleet import Fleet
 from horizonrl.cluster.rollout.iteration import Gathered
 from horizonrl.cluster.train.driver import GeneratorLost, Trainer
 from horizonrl.cluster.train.ledger import Ledger
@@ -77,7 +78,7 @@ class PushLosesAGenerator:
     def publish(self, learn: dict[str, float]):
         from horizonrl.learner.weights import SyncStats
 
-        self.t.policy_version += 1
+        self.t.fleet.advance()
         if self.fail:
             raise GeneratorLost("generator gen0 died and its replacement was not running")
         return SyncStats(seconds=0.0, reload_seconds=0.0)
@@ -94,9 +95,11 @@ def _trainer(run_dir: Path, monkeypatch, *, at_step: int) -> Trainer:
     cfg = load_config(ROOT / "configs/babyai-local.yaml", ["metrics.enabled=false"])
     t = Trainer.__new__(Trainer)
     t.cfg, t.run_dir, t.base_model_path = cfg, run_dir, str(run_dir / "base")
-    t.step_count = t.policy_version = at_step
+    t.step_count = at_step
+    t.fleet = Fleet.__new__(Fleet)  # the version's owner, without generators to start
+    t.fleet.version, t.fleet.restarts = at_step, 0
     t.curriculum = Handle(CurriculumActor(cfg.curriculum, step=at_step))
-    t.learner, t.replay, t.exporter, t.generator_restarts = Learner(), None, None, 0
+    t.learner, t.replay, t.exporter = Learner(), None, None
     t.ingest = SimpleNamespace(stats=lambda: {"duplicates": 0, "queue_depth": 0})
     t.ledger, t.metrics = Ledger.resume(run_dir, at_step), MetricsLogger(run_dir)
     t.phase = PushLosesAGenerator(t, fail=False)
