@@ -101,7 +101,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _accuracy_per_env_table(results: dict[str, Any]) -> str:
     models = _models(results)
     compare = len(models) == 2
-    header = ["env", "max turns", *models]
+    header = ["env", "horizon", *models]
     if compare:
         header.append(f"Δ ({models[1]} - {models[0]})")
     rows = []
@@ -120,18 +120,18 @@ def _accuracy_vs_turns_table(results: dict[str, Any]) -> str:
     models = _models(results)
     rows = [[env, str(t), *(_fmt(_get(_cell(results, m, env, t), "accuracy")) for m in models)]
             for env in _envs(results) for t in _turns(results, env)]
-    return _table(["env", "max turns", *models], rows)
+    return _table(["env", "horizon", *models], rows)
 
 
 def _pass_at_k_table(results: dict[str, Any]) -> str:
     ks = _ks(results)
     rows = [[env, str(t), m, *(_fmt(_pass_at(_cell(results, m, env, t), k)) for k in ks)]
             for env in _envs(results) for t in _turns(results, env) for m in _models(results)]
-    return _table(["env", "max turns", "model", *(f"pass@{k}" for k in ks)], rows)
+    return _table(["env", "horizon", "model", *(f"pass@{k}" for k in ks)], rows)
 
 
 def _interaction_table(results: dict[str, Any]) -> str:
-    header = ["env", "max turns", "model", "episodes", "failed", "mean turns",
+    header = ["env", "horizon", "model", "episodes", "failed", "mean turns",
               "repeated-action rate", "invalid-action rate", "turns after goal",
               "share over-interacting"]
     rows = []
@@ -157,9 +157,9 @@ def markdown(results: dict[str, Any]) -> str:
         "# Evaluation results",
         f"Models: {', '.join(_models(results))}. Failed episodes (env errors, timeouts) are "
         "excluded from every statistic and counted in the interaction table. "
-        "\"Largest max turns\" is the largest interaction budget evaluated on each env.",
-        "## Accuracy per env (largest max turns)", _accuracy_per_env_table(results),
-        "## Accuracy against max turns", _accuracy_vs_turns_table(results),
+        "\"Largest horizon\" is the largest interaction budget (turns) evaluated on each env.",
+        "## Accuracy per env (largest horizon)", _accuracy_per_env_table(results),
+        "## Accuracy against the horizon", _accuracy_vs_turns_table(results),
         "## pass@K against K", _pass_at_k_table(results),
         "## Interaction statistics",
         "Turns after goal: mean turns taken after the goal was reached/reachable (envs that can "
@@ -217,7 +217,7 @@ def _plot_accuracy_per_env(fig: Any, results: dict[str, Any]) -> None:
         _grouped_bars(ax, results, "accuracy")
         ax.legend(title="model")
     _rate_axis(ax, "accuracy (success rate)")
-    ax.set_xlabel("env (largest max turns T)")
+    ax.set_xlabel("env (largest horizon T)")
     ax.set_title("Accuracy per env")
 
 
@@ -251,9 +251,9 @@ def _plot_accuracy_vs_turns(fig: Any, results: dict[str, Any]) -> None:
     ax = _line_plot(fig, results, points)
     turns = sorted({t for env in _envs(results) for t in _turns(results, env)})
     ax.set_xticks(turns)
-    ax.set_xlabel("max turns (interaction budget)")
+    ax.set_xlabel("horizon (interaction budget, turns)")
     ax.set_ylabel("accuracy (success rate)")
-    ax.set_title("Accuracy against max turns")
+    ax.set_title("Accuracy against the horizon")
 
 
 def _plot_pass_at_k(fig: Any, results: dict[str, Any]) -> None:
@@ -271,7 +271,7 @@ def _plot_pass_at_k(fig: Any, results: dict[str, Any]) -> None:
     ax.minorticks_off()
     ax.set_xlabel("K (samples per task, log2 scale)")
     ax.set_ylabel("pass@K")
-    ax.set_title("pass@K against K (largest max turns per env)")
+    ax.set_title("pass@K against K (largest horizon per env)")
 
 
 def _plot_interaction(fig: Any, results: dict[str, Any]) -> None:
@@ -298,4 +298,4 @@ def _plot_interaction(fig: Any, results: dict[str, Any]) -> None:
         handles, labels = fig.axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, title="model", loc="outside lower center",
                    ncols=len(labels))
-    fig.suptitle("Interaction statistics (largest max turns T per env)")
+    fig.suptitle("Interaction statistics (largest horizon T per env)")

@@ -50,7 +50,7 @@ def test_write_report_creates_every_file(compare_report: tuple[dict, list[Path]]
 def test_markdown_contains_the_numbers(compare_report: tuple[dict, list[Path]]) -> None:
     results, paths = compare_report
     md = paths[1].read_text()
-    for heading in ("## Accuracy per env", "## Accuracy against max turns", "## pass@K against K",
+    for heading in ("## Accuracy per env", "## Accuracy against the horizon", "## pass@K against K",
                     "## Interaction statistics"):
         assert heading in md
     for model in ("base", "trained"):
@@ -66,7 +66,7 @@ def test_markdown_contains_the_numbers(compare_report: tuple[dict, list[Path]]) 
 
 def test_two_model_report_mentions_both_labels(compare_report: tuple[dict, list[Path]]) -> None:
     md = compare_report[1][1].read_text()
-    assert "| env | max turns | base | trained |" in md
+    assert "| env | horizon | base | trained |" in md
     assert "| babyai | 8 | base |" in md and "| babyai | 8 | trained |" in md
 
 
@@ -83,7 +83,7 @@ def test_single_model_report_has_no_comparison_column(tmp_path: Path) -> None:
     results = summarise(records(("base",)), ks=[1, 2])
     paths = write_report(results, tmp_path)
     md = paths[1].read_text()
-    assert "| env | max turns | base |" in md
+    assert "| env | horizon | base |" in md
     assert "Δ" not in md and "trained" not in md
     from PIL import Image
 
