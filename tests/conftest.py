@@ -99,3 +99,20 @@ class ScriptedEngine:
 @pytest.fixture()
 def scripted_engine() -> type[ScriptedEngine]:
     return ScriptedEngine
+
+
+@pytest.fixture()
+def fleet_of() -> Callable[..., object]:
+    """The real `Fleet`'s version keeping around generators a test made itself (stand-ins),
+    for a phase built on a stand-in trainer: `fleet_of([gen], version=0)`."""
+
+    def make(generators: list, *, version: int = 0):
+        from horizonrl.cluster.rollout.fleet import Fleet
+
+        fleet = Fleet.__new__(Fleet)  # no actors to spawn: the test's own are the fleet
+        fleet.generators, fleet.version, fleet.restarts = list(generators), version, 0
+        fleet.held = [version] * len(fleet.generators)
+        fleet.weights = None
+        return fleet
+
+    return make

@@ -1,6 +1,6 @@
 """The `horizonrl eval` report: results.json, results.md (tables) and PNG plots.
 
-Input is `cluster.eval_metrics.summarise` output: results[model][env][str(max_turns)] = metrics.
+Input is `cluster.eval.metrics.summarise` output: results[model][env][str(max_turns)] = metrics.
 Every table and plot puts all models side by side, so a `--compare A B` run reads as a comparison.
 Plots are drawn with matplotlib's Agg canvas directly (no pyplot): no display, no global backend
 state changed in the calling process.

@@ -51,7 +51,7 @@ def _trajectory(tid: str) -> Trajectory:
                       num_turns=1, terminated=True, truncated=False)
 
 
-def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(tmp_path):
+def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(tmp_path, fleet_of):
     """The real AsyncPhase and CurriculumActor, with generators that are stand-ins whose
     rollouts last 4x the curriculum's timeout: the tick returns at once, and each rollout
     submitted after it runs with the new horizon."""
@@ -74,7 +74,7 @@ def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(
         ray.get(curriculum.register.remote("gen0", gen))
         trainer = SimpleNamespace(
             cfg=cfg, generators=[gen], curriculum=curriculum, policy_version=0, step_count=0,
-            resume_phase=None,
+            resume_phase=None, fleet=fleet_of([gen]),
             collect=lambda ids: ([_trajectory(i) for i in ids], []),
             ledger=SimpleNamespace(add_dropped=lambda *a: None))
         phase = AsyncPhase(trainer)
@@ -125,7 +125,8 @@ def test_stepwise_change_in_async_training_never_stalls_the_driver(tmp_path, tin
     assert all(t.num_turns <= 3 for t in trainer.last_trajectories)
 
 
-def test_a_resumed_phase_trains_its_buffer_and_reissues_the_rollout_in_flight(tmp_path):
+def test_a_resumed_phase_trains_its_buffer_and_reissues_the_rollout_in_flight(tmp_path,
+                                                                          fleet_of):
     """AsyncPhase restored from a checkpoint's phase state: the buffered trajectories come back
     (and re-enter the ledger as generated), the rollout that was in flight is issued again
     with its own step (so its task seeds and group ids), before the counter goes on."""
@@ -148,6 +149,7 @@ def test_a_resumed_phase_trains_its_buffer_and_reissues_the_rollout_in_flight(tm
         gen = ray.remote(num_cpus=0)(_SlowGenerator).remote(0.0)
         trainer = SimpleNamespace(
             cfg=cfg, generators=[gen], policy_version=0, step_count=3, ledger=ledger,
+            fleet=fleet_of([gen]),
             curriculum=ray.remote(num_cpus=0)(CurriculumActor).remote(cfg.curriculum),
             resume_phase=({"rollouts": 5, "in_flight": [3]}, buffered),
             collect=lambda ids: ([_trajectory(i) for i in ids], []))

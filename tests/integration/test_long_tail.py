@@ -53,7 +53,7 @@ def _trajectory(tid: str, group: str) -> Trajectory:
                       num_turns=1, terminated=True, truncated=False)
 
 
-def test_the_learner_takes_complete_groups_past_a_straggler(tmp_path):
+def test_the_learner_takes_complete_groups_past_a_straggler(tmp_path, fleet_of):
     import ray
 
     from horizonrl.actors.curriculum import CurriculumActor
@@ -78,6 +78,7 @@ def test_the_learner_takes_complete_groups_past_a_straggler(tmp_path):
 
         trainer = SimpleNamespace(cfg=cfg, generators=[gen], curriculum=curriculum,
                                   policy_version=0, step_count=0, resume_phase=None,
+                                  fleet=fleet_of([gen]),
                                   ledger=ledger, arrivals=arrivals)
         phase = AsyncPhase(trainer)
         first = phase.gather(0)
