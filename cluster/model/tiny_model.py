@@ -217,8 +217,8 @@ def build_tiny_model(out: str | Path, *, env_name: str = "babyai", env_kwargs: d
                      thought: str = "none", reading: int = 0, names: bool = False) -> Path:
     """Build tokenizer + Qwen2 model at `out` (a `save_pretrained` folder) and return the path.
     `preset` (see cluster.config.TINY_PRESETS) overrides hidden_size and num_layers; `reading`
-    synthetic reading tasks (cluster.model.reading) are mixed into the pre-training sequences; `names`
-    adds the env's vocabulary to the tokenizer's corpus (see `name_words`)."""
+    synthetic reading tasks (cluster.model.reading) are mixed into the pre-training sequences;
+    `names` adds the env's vocabulary to the tokenizer's corpus (see `name_words`)."""
     from transformers import Qwen2ForCausalLM
 
     from horizonrl.cluster.config import TINY_PRESETS
