@@ -17,7 +17,6 @@ import pytest
 from horizonrl.actors.curriculum import CurriculumActor
 from horizonrl.cluster.config import load_config
 from horizonrl.cluster.ops.checkpoints import load_resume, truncate_metrics
-from horizonrl.cluster.rollout.fleet import Fleet
 from horizonrl.cluster.rollout.iteration import Gathered
 from horizonrl.cluster.train.driver import GeneratorLost, Trainer
 from horizonrl.cluster.train.ledger import Ledger
@@ -87,7 +86,7 @@ class PushLosesAGenerator:
         return None  # as the sync phase: nothing beyond (seed, step) to keep
 
 
-def _trainer(run_dir: Path, monkeypatch, *, at_step: int) -> Trainer:
+def _trainer(run_dir: Path, monkeypatch, fleet_of, *, at_step: int) -> Trainer:
     """A trainer `at_step` steps in (as a resume would leave it), on stand-ins."""
     import ray
 
@@ -96,8 +95,7 @@ def _trainer(run_dir: Path, monkeypatch, *, at_step: int) -> Trainer:
     t = Trainer.__new__(Trainer)
     t.cfg, t.run_dir, t.base_model_path = cfg, run_dir, str(run_dir / "base")
     t.step_count = at_step
-    t.fleet = Fleet.__new__(Fleet)  # the version's owner, without generators to start
-    t.fleet.version, t.fleet.restarts = at_step, 0
+    t.fleet = fleet_of([], version=at_step)  # the version's owner, no generators to start
     t.curriculum = Handle(CurriculumActor(cfg.curriculum, step=at_step))
     t.learner, t.replay, t.exporter = Learner(), None, None
     t.ingest = SimpleNamespace(stats=lambda: {"duplicates": 0, "queue_depth": 0})
@@ -106,8 +104,9 @@ def _trainer(run_dir: Path, monkeypatch, *, at_step: int) -> Trainer:
     return t
 
 
-def test_the_checkpoint_after_a_lost_push_counts_the_applied_update(tmp_path, monkeypatch):
-    t = _trainer(tmp_path, monkeypatch, at_step=3)
+def test_the_checkpoint_after_a_lost_push_counts_the_applied_update(tmp_path, monkeypatch,
+                                                                   fleet_of):
+    t = _trainer(tmp_path, monkeypatch, fleet_of, at_step=3)
     clean = t.save_checkpoint()  # step_000003: 3 steps done, nothing of step 3 applied
     t.phase.fail = True
     with pytest.raises(GeneratorLost):
