@@ -27,6 +27,7 @@ from horizonrl.protos.reports import RolloutSeconds
 from horizonrl.protos.trajectory import Failure
 
 _IDLE_WAIT_S = 0.001  # between checks of several pools while the engine has nothing to do
+_ADMIT_WAIT_S = 0.05  # nothing in flight, the next episode not admitted yet: between checks
 
 
 class StepEngine(Protocol):
@@ -82,6 +83,7 @@ class Episode:
     seed: int
     loop: AgentLoop
     slot: Slot | None = None
+    step: int | None = None  # the training step it is drawn for (the admission bound)
 
 
 @dataclass(slots=True)
@@ -124,13 +126,17 @@ class IndependentEpisodes:
     Partial rollouts: when `news()` says a newer policy was posted, no new turn is sent to the
     engine; the generations in flight finish with the weights they started with, and once none
     is left `take_news()` loads the new weights (and horizon) and the held turns go out. So a
-    turn is never sampled by two versions, and env calls go on meanwhile."""
+    turn is never sampled by two versions, and env calls go on meanwhile. Episodes wait to
+    start until `admit(step)` (the board's frontier) allows their step, in the order given
+    (steps ascending); once `closed()` says the run is ending, those not started never are."""
 
     def __init__(self, engine: Engine | StepEngine, pools: dict[str, EnvPool], *,
                  max_tokens: int, temperature: float, max_in_flight: int,
                  on_done: Callable[[list[Episode]], None],
                  news: Callable[[], bool] | None = None,
-                 take_news: Callable[[], None] | None = None) -> None:
+                 take_news: Callable[[], None] | None = None,
+                 admit: Callable[[int | None], bool] | None = None,
+                 closed: Callable[[], bool] | None = None) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.engine = step_engine(engine)
@@ -145,6 +151,8 @@ class IndependentEpisodes:
         self._calls: list[tuple[PendingCall, list[Episode]]] = []  # env calls in flight
         self._rid = 0
         self.news, self.take_news = news, take_news
+        self.admit = admit or (lambda step: True)
+        self.closed = closed or (lambda: False)
         self._held: list[Episode] | None = None  # turns held back while the engine drains
 
     def run(self, episodes: Sequence[Episode]) -> Tally:
@@ -152,6 +160,8 @@ class IndependentEpisodes:
         try:
             while self._waiting or self._running:
                 self._switch_policy()
+                if self.closed():
+                    self._waiting.clear()
                 self._start_waiting()
                 t0 = time.perf_counter()
                 if self.engine.busy():
@@ -161,6 +171,8 @@ class IndependentEpisodes:
                 elif self._calls:
                     self._wait_env()
                     self.tally.env += time.perf_counter() - t0
+                elif not self._running and self._waiting:  # held back by the frontier
+                    time.sleep(_ADMIT_WAIT_S)
                 self._collect_env()
         finally:
             if self._requests:  # an error stopped the run: leave nothing queued or lent out
@@ -178,6 +190,9 @@ class IndependentEpisodes:
         skipped: deque[Episode] = deque()
         while self._waiting and len(self._running) < self.max_in_flight:
             ep = self._waiting.popleft()
+            if not self.admit(ep.step):  # steps ascend: nothing after it is admitted either
+                self._waiting.appendleft(ep)
+                break
             if self.pools[ep.key].free_replicas() == 0:
                 skipped.append(ep)
                 continue

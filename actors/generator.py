@@ -46,6 +46,9 @@ class Task:
     seed: int
     env: str | None = None  # the env label (EnvConfig.key); None: the generator's first env
     group: str | None = None  # the GRPO group id; None: s<step>-<task_id>
+    # Async: the training step the task is drawn for; with partial rollouts its episodes
+    # start only once the board's frontier reaches it. None: no bound (sync, evaluation).
+    step: int | None = None
 
 
 class GeneratorActor:
@@ -185,6 +188,8 @@ class GeneratorActor:
                                          tally)
             else:
                 for wave in self._waves(tasks, group_size):
+                    if not self._admitted(wave):
+                        break  # the run is ending: later waves never start
                     sent += self._wave(wave, group_size, step, version, per_env, horizon,
                                        tally)
             t0 = time.perf_counter()
@@ -223,6 +228,21 @@ class GeneratorActor:
             waves[k].append(task)
             used[k][key] = used[k].get(key, 0) + group_size
         return waves
+
+    def _admitted(self, wave: Sequence[Task]) -> bool:
+        """Partial rollouts, lock-step: wait until the board's frontier reaches the wave's
+        last step (taking the weights posted meanwhile); False once the run is closing."""
+        steps = [task.step for task in wave if task.step is not None]
+        if self._feed is None or not steps:
+            return True
+        while True:
+            if self._feed.pending():
+                self._take_news([], [])
+            if self._feed.closed:
+                return False
+            if self._feed.admits(max(steps)):
+                return True
+            time.sleep(POLL_S)
 
     def _wave(self, tasks: Sequence[Task], group_size: int, step: int, version: int,
               per_env: dict[str, int], horizon: int, tally: Tally) -> list[str]:
@@ -295,7 +315,7 @@ class GeneratorActor:
 
         meta = [(task, k) for task in tasks for k in range(group_size)]
         episodes = [Episode(i, task.env or self.default_env, task.seed,
-                            self._new_loop(task, per_env, horizon))
+                            self._new_loop(task, per_env, horizon), step=task.step)
                     for i, (task, _) in enumerate(meta)]
         loops = [ep.loop for ep in episodes]
         sent: list[str] = []
@@ -307,6 +327,8 @@ class GeneratorActor:
             on_done=lambda eps: sent.extend(self._push(
                 loops, meta, [ep.index for ep in eps], step, version, tally)),
             news=None if feed is None else feed.pending,
+            admit=None if feed is None else feed.admits,
+            closed=None if feed is None else (lambda: feed.closed),
             take_news=lambda: self._take_news(
                 [ep.loop for ep in episodes if not ep.loop.done],
                 [ep.key for ep in episodes if not ep.loop.done]))

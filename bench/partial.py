@@ -24,7 +24,9 @@ with their rollout's report); `async, partial` (partial rollouts: new weights at
 turn, trajectories buffered as they arrive so the learner trains as soon as tasks_per_step
 groups are complete, a second rollout queued on each generator, and rollouts of
 `rollout_steps=4` steps' worth of tasks). Both async modes bound the lag at 2 versions
-(`max_staleness=2`; with partial rollouts, of an episode's oldest turn).
+(`max_staleness=2`; with partial rollouts, of an episode's oldest turn), and generation runs
+at most 2 steps ahead of the learner: a rollout is issued, and with partial rollouts each of
+its episodes starts, only once its step is within 2 of the step being trained.
 Printed and written (OUT/results.json, OUT/results.md): trained episodes per hour and
 successful episodes per wall-clock minute (among those the updates gathered: each update's
 groups less the stale ones; wall clock from the end of the first update to the last, so

@@ -251,7 +251,10 @@ class RunConfig(BaseModel):
         "arrives, with the decoupled loss correcting for the lag.")
     max_staleness: int = Field(
         1, ge=0, description="Async: trajectories more than this many policy versions behind "
-        "the learner are dropped (and counted) instead of trained on.")
+        "the learner are dropped (and counted) instead of trained on; and generation runs at "
+        "most this many steps ahead of the learner (AReaL's bound): a rollout starts only once "
+        "its first step is within it, and with partial rollouts each episode only once its own "
+        "step is.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Starting checkpoint.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus.")

@@ -23,6 +23,14 @@ With `generator.partial_rollouts`:
   learner trains as soon as `tasks_per_step` groups are complete, never waiting for the last
   straggler of a rollout (its group waits in the buffer, the other groups go on).
 
+Generation runs at most `max_staleness` updates ahead of the learner (AReaL's bound): a
+rollout is issued only once its first step is within `max_staleness` of the steps done, and
+with partial rollouts each of its episodes starts only once the board's frontier reaches the
+episode's own step (later steps of a rollout wait while earlier ones run). So what is generated
+is not thrown away as stale for being made too early; the frontier moves on by one for every
+step's worth of groups lost with a dead generator, so the learner never waits on groups that
+will not come.
+
 A checkpoint holds the phase (`state`): the rollout counter, the buffer, and for each rollout
 in flight the groups not yet complete. `--resume` puts the buffer back and issues those
 groups again with their own task seeds and group ids before any new rollout; their episodes
@@ -128,8 +136,21 @@ class AsyncPhase:
         """Rollout r's tasks: those of steps r*k .. r*k+k-1 (k = rollout_steps), each with the
         group id of its step."""
         k = self.t.cfg.generator.rollout_steps
-        return [replace(task, group=task.group or f"s{s}-{task.task_id}")
+        return [replace(task, group=task.group or f"s{s}-{task.task_id}", step=s)
                 for s in range(r * k, r * k + k) for task in sample_tasks(self.t.cfg, s)]
+
+    def frontier(self) -> int:
+        """The last step whose episodes may start: `max_staleness` past the step being
+        gathered, plus a step for each step's worth of groups lost with dead generators."""
+        t = self.t
+        short = -(-len(self.lost) // t.cfg.generator.tasks_per_step)
+        return t.step_count + t.cfg.max_staleness + short
+
+    def _admissible(self) -> bool:
+        """Whether the next rollout may be issued now: one owed since a checkpoint always is
+        (its steps are behind), a new one once its first step is within the frontier."""
+        return bool(self.pending) or (
+            self.rollouts * self.t.cfg.generator.rollout_steps <= self.frontier())
 
     def _submit(self, i: int) -> None:
         """Give generator i the newest weights (if it lags) and its next rollout, which
@@ -153,9 +174,10 @@ class AsyncPhase:
         self.inflight[ref] = (i, r)
 
     def _fill(self, i: int) -> None:
-        """Generator i's queue topped up: one rollout, two when streaming."""
+        """Generator i's queue topped up (one rollout, two when streaming) with what the
+        frontier admits."""
         depth = 2 if self.streaming else 1
-        while sum(gi == i for gi, _ in self.inflight.values()) < depth:
+        while sum(gi == i for gi, _ in self.inflight.values()) < depth and self._admissible():
             self._submit(i)
 
     def gather(self, step: int) -> Gathered:
@@ -165,6 +187,7 @@ class AsyncPhase:
         t = self.t
         if self.board is not None:  # the curriculum ticked after the last update's post
             self.board.post.remote(t.policy_version, [], ray.get(t.curriculum.setting.remote()))
+            self.board.admit.remote(self.frontier())
         for i in range(len(t.generators)):
             self._fill(i)
         g = Gathered(outs=[], trajs=[], arrived=[] if self.streaming else None,
@@ -278,6 +301,8 @@ class AsyncPhase:
             version = fleet.advance()
             if self.board is not None:  # rollouts in flight take it at their next turn
                 self.board.post.remote(version, [fleet.weights.state(version)], None)
+        if self.board is not None:  # this step is done (the driver counts it next)
+            self.board.admit.remote(self.frontier() + 1)
         done, self._reload_seconds = ray.wait(self._reload_seconds,
                                               num_returns=len(self._reload_seconds), timeout=0)
         secs = ray.get(done)
@@ -286,6 +311,10 @@ class AsyncPhase:
     def close(self) -> None:
         import ray
 
+        if self.board is not None:  # episodes not started yet never start: nothing waits
+            from horizonrl.actors.policy_board import CLOSED
+
+            ray.get(self.board.admit.remote(CLOSED))
         for ref in self.inflight:  # let in-flight rollouts end before the teardown
             try:
                 ray.get(ref, timeout=60)

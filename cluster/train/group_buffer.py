@@ -1,10 +1,11 @@
 """The async driver's buffer of collected, untrained trajectories, kept by GRPO group.
 
 A group is complete once `group_size` of its episodes are in; the learner takes whole groups
-only, oldest completion first. Streaming (partial rollouts) adds trajectories as they arrive,
-so the groups of a rollout complete one by one while its stragglers still run; the learner
-trains on those that are complete and never waits for the rest. A plain class: the phase
-(cluster/train/phases.py) decides what goes in and when to take.
+only, those made by the oldest policy first (then in the order they completed), so a group that
+completes late is taken before it can go stale. Streaming (partial rollouts) adds trajectories
+as they arrive, so the groups of a rollout complete one by one while its stragglers still run;
+the learner trains on those that are complete and never waits for the rest. A plain class: the
+phase (cluster/train/phases.py) decides what goes in and when to take.
 """
 
 from __future__ import annotations
@@ -36,9 +37,13 @@ class GroupBuffer:
         return len(self._complete)
 
     def take(self, n: int) -> list[Trajectory]:
-        """The trajectories of the `n` oldest complete groups (fewer if fewer are complete),
-        removed from the buffer, group by group."""
-        ids, self._complete = self._complete[:n], self._complete[n:]
+        """The trajectories of `n` complete groups (fewer if fewer are complete), removed from
+        the buffer, group by group: the groups whose oldest episode is the oldest policy's
+        first, ties in the order they completed."""
+        order = sorted(self._complete, key=lambda gid: min(
+            t.policy_version for t in self._groups[gid]))  # stable: completion breaks ties
+        ids = order[:n]
+        self._complete = [gid for gid in self._complete if gid not in set(ids)]
         return [t for gid in ids for t in self._groups.pop(gid)]
 
     def drop(self, group_ids: Iterable[str]) -> list[Trajectory]:

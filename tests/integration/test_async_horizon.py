@@ -83,6 +83,7 @@ def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(
         assert ray.get(curriculum.tick.remote(1)) == (3, 1)
         waited = time.monotonic() - t0
         for step in (1, 2):
+            trainer.step_count = step  # as the driver counts its steps (the phase's frontier)
             seen.append({t.horizon for t in phase.gather(step).trajs})
         phase.close()
     assert waited < timeout_s, f"the tick waited {waited:.2f}s on a rollout"
@@ -155,6 +156,7 @@ def test_a_resumed_phase_trains_its_buffer_and_reissues_the_rollout_in_flight(tm
             collect=lambda ids: ([_trajectory(i) for i in ids], []))
         phase = AsyncPhase(trainer)
         first = phase.gather(3).trajs   # the buffer's two groups, oldest first
+        trainer.step_count = 4
         second = phase.gather(4).trajs  # then rollout 3 again, same tasks
         state, _ = phase.state()
         phase.close()

@@ -24,9 +24,9 @@ class ReleaseAfter(PolicyBoard):
         super().__init__()
         self.asks, self.n = asks, 0
 
-    def news(self, version, horizon_version):
+    def news(self, version, horizon_version, frontier=None):
         self.n += 1
-        return None if self.n <= self.asks else super().news(version, horizon_version)
+        return None if self.n <= self.asks else super().news(version, horizon_version, frontier)
 
 
 def _turn_runs(mask) -> list[list[int]]:

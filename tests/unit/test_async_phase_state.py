@@ -55,3 +55,22 @@ def test_a_checkpoint_of_an_older_version_owes_whole_rollouts():
     assert ledger.summary()["resampled_episodes"] == 2 * 2 * 2  # 2 steps x 2 tasks x 2
     state, _ = phase.state()  # written again, the debt is every group of rollout 3
     assert state["in_flight_groups"] == {"3": sorted(t.group for t in phase.tasks(3))}
+
+
+def test_rollouts_are_admitted_only_within_max_staleness_steps_of_the_learner():
+    # rollout_steps=2: rollout r covers steps 2r and 2r+1; the learner is gathering step 5.
+    phase, _ = _phase({"rollouts": 3, "in_flight": []}, [], "max_staleness=2")
+    assert phase.frontier() == 7
+    assert all(task.step in (6, 7) for task in phase.tasks(3))  # each task knows its step
+    assert phase._admissible()  # rollout 3 starts at step 6 <= 7
+    phase.rollouts = 4
+    assert not phase._admissible()  # step 8 would run 3 steps ahead
+    phase.t.step_count = 6
+    assert phase._admissible()
+    # A step's worth of groups lost with a dead generator moves the frontier one step on, so
+    # the learner does not wait for groups that will never come.
+    phase.lost |= {"s6-a", "s6-b"}
+    assert phase.frontier() == 9
+    phase.pending = [(1, None)]  # owed since a checkpoint: always admitted
+    phase.rollouts, phase.t.step_count = 99, 0
+    assert phase._admissible()

@@ -9,9 +9,9 @@ from horizonrl.cluster.train.group_buffer import GroupBuffer
 from horizonrl.protos.trajectory import Trajectory
 
 
-def _t(group: str, k: int) -> Trajectory:
+def _t(group: str, k: int, version: int = 0) -> Trajectory:
     return Trajectory(trajectory_id=f"{group}-{k}", group_id=group, task_id=group,
-                      env_name="babyai", policy_version=0, horizon=4, prompt_ids=(1,),
+                      env_name="babyai", policy_version=version, horizon=4, prompt_ids=(1,),
                       response_ids=(2,), response_mask=(1,), response_logprobs=(0.0,),
                       rewards=(0.0,), reward=0.0, num_turns=1, terminated=True,
                       truncated=False)
@@ -30,6 +30,17 @@ def test_takes_complete_groups_in_the_order_they_completed_past_a_straggler():
     buf.add([_t("a", 1)])
     assert [t.trajectory_id for t in buf.take(5)] == ["a-0", "a-1"]  # fewer than asked
     assert len(buf) == 0
+
+
+def test_takes_the_oldest_policys_groups_first_whatever_their_completion():
+    buf = GroupBuffer(group_size=2)
+    # n (version 3) completes first, o (version 1, a late straggler) last: o goes first,
+    # before it can fall further behind; equal versions keep their completion order.
+    buf.add([_t("n", 0, 3), _t("n", 1, 3), _t("m", 0, 2), _t("m", 1, 3), _t("p", 0, 2),
+             _t("p", 1, 2), _t("o", 0, 1), _t("o", 1, 4)])
+    assert [t.group_id for t in buf.take(1)] == ["o", "o"]
+    assert [t.group_id for t in buf.take(2)] == ["m", "m", "p", "p"]
+    assert [t.group_id for t in buf.take(2)] == ["n", "n"] and buf.complete() == 0
 
 
 def test_drop_removes_complete_and_incomplete_groups_and_keeps_the_rest():

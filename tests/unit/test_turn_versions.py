@@ -11,7 +11,7 @@ from test_episodes import StaggeredEngine  # the same dir's stand-in
 
 from horizonrl.actors.curriculum import HorizonSetting
 from horizonrl.actors.episodes import Episode, IndependentEpisodes
-from horizonrl.actors.policy_board import PolicyBoard, PolicyFeed
+from horizonrl.actors.policy_board import CLOSED, PolicyBoard, PolicyFeed
 from horizonrl.actors.rollout import AgentLoop, Completion
 from horizonrl.cluster.train.async_phase import split_stale
 from horizonrl.envpool.babyai import SYSTEM_PROMPT, parse_action
@@ -38,15 +38,31 @@ def test_board_keeps_the_newest_version_and_setting():
     board = PolicyBoard()
     assert board.news(0, 0) is None
     board.post(2, ["w2"], HorizonSetting(10, 1))
-    assert board.news(1, 0) == (2, ["w2"], HorizonSetting(10, 1))
+    assert board.news(1, 0) == (2, ["w2"], HorizonSetting(10, 1), None)
     assert board.news(2, 1) is None  # nothing newer than what the generator holds
     board.post(1, ["w1"], HorizonSetting(5, 0))  # older: ignored
     assert board.news(0, 0)[:2] == (2, ["w2"])
     board.post(3, [], HorizonSetting(20, 2))  # a setting alone leaves the weights
-    assert board.news(2, 1) == (2, [], HorizonSetting(20, 2))
+    assert board.news(2, 1) == (2, [], HorizonSetting(20, 2), None)
     feed = PolicyFeed(board, version=1, horizon_version=1)
     assert feed.pending() and feed.take() == (2, "w2", HorizonSetting(20, 2))
     assert not feed.pending()  # it holds both now
+
+
+def test_the_frontier_admits_steps_up_to_it_and_needs_no_reload():
+    board = PolicyBoard()
+    feed = PolicyFeed(board, version=0, horizon_version=0)
+    assert not feed.pending() and feed.admits(50)  # no frontier posted: no bound
+    board.admit(3)
+    assert board.news(0, 0, 3) is None  # the generator knows it already
+    assert not feed.pending()  # a frontier alone is kept at once, nothing to take
+    assert feed.frontier == 3 and feed.admits(3) and not feed.admits(4)
+    assert feed.admits(None)  # a task outside the step count (evaluation)
+    board.post(1, ["w1"], None)
+    board.admit(4)
+    assert feed.pending() and feed.frontier == 4 and feed.take()[0] == 1
+    board.admit(CLOSED)
+    assert not feed.pending() and feed.closed and not feed.admits(0)
 
 
 def test_turns_record_their_version_and_the_oldest_is_the_episodes(tokenizer):
@@ -166,3 +182,38 @@ def test_independent_loop_switches_weights_between_turns_only(tokenizer):
         spanning += len(set(loop.turn_versions)) > 1
     assert spanning >= 1
     assert any(ep.loop.num_turns == 6 for ep in eps)  # the raised horizon reached them
+
+
+def test_independent_loop_starts_an_episode_only_once_the_frontier_reaches_its_step(tokenizer):
+    chat = ChatFormat(tokenizer)
+    reply = chat.encode("turn left") + [chat.im_end_id]
+    pool = EnvPool(EnvConfig(kwargs={"level": "BabyAI-GoToRedBall-v0"}, in_process=True,
+                             replicas_per_actor=6), name="test-frontier")
+    pool.wait_ready()
+    # Two episodes of each of steps 0, 1, 2; room for all six at once without the bound.
+    eps = [Episode(i, "babyai", 100 + i, _loop(chat, horizon=3), step=i // 2) for i in range(6)]
+    board = PolicyBoard()
+    board.admit(0)
+    feed = PolicyFeed(board, version=0, horizon_version=0)
+    done: list[int] = []
+    started_early: list[int] = []
+
+    def on_done(batch):
+        done.extend(ep.index for ep in batch)
+        steps_done = {ep.step for ep in eps if ep.index in done}
+        if {0} <= steps_done and board.frontier == 0:
+            # Step 0 is over; nothing of step 1 may have started before the frontier moved.
+            started_early.extend(ep.index for ep in eps if ep.step == 1 and ep.loop.prompt_ids)
+            board.admit(1)
+        elif all(e.index in done for e in eps if e.step == 1):
+            board.admit(CLOSED)  # the run ends: step 2 never starts
+
+    runner = IndependentEpisodes(StaggeredEngine(reply), {"babyai": pool}, max_tokens=8,
+                                 temperature=1.0, max_in_flight=6, on_done=on_done,
+                                 news=feed.pending, take_news=lambda: None,
+                                 admit=feed.admits, closed=lambda: feed.closed)
+    runner.run(eps)
+    assert started_early == []
+    assert sorted(done) == [0, 1, 2, 3]  # step 2's episodes never started, none was lost
+    assert not eps[4].loop.prompt_ids and not eps[5].loop.prompt_ids
+    assert runner.tally.peak_in_flight == 2 and pool.free_replicas() == 6
