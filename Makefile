@@ -64,8 +64,15 @@ train: install
 	$(VENV)/bin/horizonrl train --config configs/babyai-local.yaml
 
 # The suite drives a JVM (SciWorld) and Chromium (MiniWoB++): install-dev brings them (as root).
+# Test modules run on TEST_WORKERS processes side by side (pytest-xdist), a module's tests
+# on one worker, so the fixtures a module shares stay shared. The fuzz tests run after, in
+# one process: schemathesis makes an item per API operation, which pytest-xdist's workers
+# do not see.
+TEST_WORKERS ?= 2
 test: install-dev
-	$(PY) -m pytest -q --durations=20 -m "not slow" tests
+	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile \
+	  -m "not slow and not fuzz" tests
+	$(PY) -m pytest -q -m "fuzz and not slow" tests
 
 test-all: install-dev
 	$(PY) -m pytest -q tests

@@ -15,15 +15,35 @@ import pytest
 from horizonrl.cluster.ops.runtime import LOCAL_RAY_ENV
 
 os.environ.update(LOCAL_RAY_ENV)
+# Test workers (`pytest -n`, make test) run side by side, each starting its own local Rays:
+# each gets a Ray temp dir of its own, so no worker's Ray finds another's files there.
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("RAY_TMPDIR", f"/tmp/ray-{_worker}")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_MODEL = {"transcripts": 300, "pretrain_steps": 4, "batch_size": 8, "seed": 0}
+# The code a built model depends on: a change to any of it builds the test model again.
+MODEL_SOURCES = ("cluster/model", "envpool", "protos")
 
 
 @pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small but real tiny model (tokenizer trained here, a few pre-training steps)."""
+def tiny_model_path() -> Path:
+    """A small but real tiny model (tokenizer trained here, a few pre-training steps), built
+    once into .cache/models and reused by later sessions and by every test worker, keyed by
+    its settings and the source of the code that builds it."""
+    import hashlib
+    import json
+
+    from horizonrl.cluster.model.load import built_once
     from horizonrl.cluster.model.tiny_model import build_tiny_model
 
-    out = tmp_path_factory.mktemp("models") / "tiny"
-    return build_tiny_model(out, transcripts=300, pretrain_steps=4, batch_size=8, seed=0)
+    digest = hashlib.sha1(json.dumps(TEST_MODEL, sort_keys=True).encode())
+    for folder in MODEL_SOURCES:
+        for src in sorted((ROOT / folder).rglob("*.py")):
+            digest.update(src.relative_to(ROOT).as_posix().encode() + src.read_bytes())
+    out = ROOT / ".cache/models" / f"test-tiny-{digest.hexdigest()[:10]}"
+    return built_once(out, lambda tmp: build_tiny_model(tmp, **TEST_MODEL))
 
 
 @pytest.fixture(scope="session")

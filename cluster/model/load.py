@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from horizonrl.cluster.config import ConfigError, ModelConfig, TinyModelConfig
@@ -29,13 +30,34 @@ def ensure_model(cfg: ModelConfig, *, env: EnvConfig) -> Path:
                                     f"(no config.json); horizonrl never downloads models")
         return path
     out = tiny_model_dir(cfg, env)
+
+    def build(tmp: Path) -> None:
+        print(f"[horizonrl] building the tiny model into {out} (its first use with this "
+              "config: minutes on a CPU; later runs reuse it)", flush=True)
+        build_from_config(tmp, cfg.tiny, env=env)
+
+    return built_once(out, build)
+
+
+def built_once(out: Path, build: Callable[[Path], object]) -> Path:
+    """`out`, built by `build(tmp)` unless a finished build is there. Two processes that need
+    the same model at once (two runs, two test workers) build it once: the second waits on a
+    lock file beside it, then finds the first one's build. Only a finished build is ever
+    found: it is written to a temporary folder and renamed."""
+    import fcntl
+    import shutil
+
     if (out / "config.json").exists():
         return out
-    tmp = out.with_name(out.name + ".building")
-    print(f"[horizonrl] building the tiny model into {out} (its first use with this config: "
-          "minutes on a CPU; later runs reuse it)", flush=True)
-    build_from_config(tmp, cfg.tiny, env=env)
-    tmp.rename(out)  # only a finished build is ever found by the check above
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if (out / "config.json").exists():
+            return out
+        tmp = out.with_name(out.name + ".building")
+        shutil.rmtree(tmp, ignore_errors=True)  # a build killed half-way
+        build(tmp)
+        tmp.rename(out)
     return out
 
 

