@@ -79,7 +79,7 @@ test-all: install-dev
 
 # Only the slow set (what `make test` leaves out); CI runs it after `make test`.
 test-slow: install-dev
-	$(PY) -m pytest -q --durations=20 -m slow tests
+	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile -m slow tests
 
 # Faults injected into the real stack, each ending with a reconciled trajectory ledger.
 test-chaos: install
