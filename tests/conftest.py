@@ -27,23 +27,82 @@ TEST_MODEL = {"transcripts": 300, "pretrain_steps": 4, "batch_size": 8, "seed": 
 MODEL_SOURCES = ("cluster/model", "envpool", "protos")
 
 
-@pytest.fixture(scope="session")
-def tiny_model_path() -> Path:
-    """A small but real tiny model (tokenizer trained here, a few pre-training steps), built
-    once into .cache/models and reused by later sessions and by every test worker, keyed by
-    its settings and the source of the code that builds it."""
+def small_model_dir() -> Path:
+    """Where the test model is cached: keyed by its settings and the source of the code that
+    builds it."""
     import hashlib
     import json
-
-    from horizonrl.cluster.model.load import built_once
-    from horizonrl.cluster.model.tiny_model import build_tiny_model
 
     digest = hashlib.sha1(json.dumps(TEST_MODEL, sort_keys=True).encode())
     for folder in MODEL_SOURCES:
         for src in sorted((ROOT / folder).rglob("*.py")):
             digest.update(src.relative_to(ROOT).as_posix().encode() + src.read_bytes())
-    out = ROOT / ".cache/models" / f"test-tiny-{digest.hexdigest()[:10]}"
-    return built_once(out, lambda tmp: build_tiny_model(tmp, **TEST_MODEL))
+    return ROOT / ".cache/models" / f"test-tiny-{digest.hexdigest()[:10]}"
+
+
+def build_small_model() -> Path:
+    from horizonrl.cluster.model.load import built_once
+    from horizonrl.cluster.model.tiny_model import build_tiny_model
+
+    return built_once(small_model_dir(), lambda tmp: build_tiny_model(tmp, **TEST_MODEL))
+
+
+def default_model_dir() -> Path:
+    """The embedded default's tiny model, which the tests that run configs/babyai-local.yaml
+    without a model.path load (built into .cache/models as `make train` builds it)."""
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.model.load import tiny_model_dir
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml")
+    return ROOT / tiny_model_dir(cfg.model, cfg.env)
+
+
+def prebuild_models() -> None:
+    """Both models, in a process of their own (see pytest_configure)."""
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.model.load import ensure_model
+
+    build_small_model()
+    cfg = load_config(ROOT / "configs/babyai-local.yaml")
+    ensure_model(cfg.model, env=cfg.env)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With test workers (make test), a fresh checkout builds its two models (the default's
+    takes minutes) in a process started now, beside the first tests, instead of in the first
+    test that needs each while the other worker waits for it. The build takes the models'
+    locks, so a test that needs a model meanwhile waits for this build, never builds twice."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", 0):
+        return
+    if (small_model_dir() / "config.json").exists() and \
+            (default_model_dir() / "config.json").exists():
+        return
+    import sys
+
+    (ROOT / ".cache").mkdir(exist_ok=True)
+    log = open(ROOT / ".cache/prebuild-models.log", "w")  # closed at unconfigure
+    config._horizonrl_prebuild = (subprocess.Popen(  # type: ignore[attr-defined]
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import conftest; "
+         "conftest.prebuild_models()"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The prebuild ends with the session: waited for, or stopped if the run was cut short
+    (a build cut half-way is started again from scratch next time)."""
+    proc, log = getattr(config, "_horizonrl_prebuild", (None, None))
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.terminate()
+    proc.wait(timeout=60)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """A small but real tiny model (tokenizer trained here, a few pre-training steps), built
+    once into .cache/models and reused by later sessions and by every test worker."""
+    return build_small_model()
 
 
 @pytest.fixture(scope="session")
