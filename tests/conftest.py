@@ -47,55 +47,17 @@ def build_small_model() -> Path:
     return built_once(small_model_dir(), lambda tmp: build_tiny_model(tmp, **TEST_MODEL))
 
 
-def default_model_dir() -> Path:
-    """The embedded default's tiny model, which the tests that run configs/babyai-local.yaml
-    without a model.path load (built into .cache/models as `make train` builds it)."""
-    from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.model.load import tiny_model_dir
-
-    cfg = load_config(ROOT / "configs/babyai-local.yaml")
-    return ROOT / tiny_model_dir(cfg.model, cfg.env)
+# Overrides that make a run of configs/babyai-local.yaml build a small tiny model itself (the
+# run's own first-use path, ensure_model, into .cache/models; seconds, then cached) instead of
+# the embedded default's (minutes on a fresh checkout): for the tests that run the default
+# config and do not depend on that model's pre-training.
+SMALL_DEFAULT_MODEL = ("model.tiny.transcripts=300", "model.tiny.pretrain_steps=4",
+                       "model.tiny.batch_size=8")
 
 
-def prebuild_models() -> None:
-    """Both models, in a process of their own (see pytest_configure)."""
-    from horizonrl.cluster.config import load_config
-    from horizonrl.cluster.model.load import ensure_model
-
-    build_small_model()
-    cfg = load_config(ROOT / "configs/babyai-local.yaml")
-    ensure_model(cfg.model, env=cfg.env)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """With test workers (make test), a fresh checkout builds its two models (the default's
-    takes minutes) in a process started now, beside the first tests, instead of in the first
-    test that needs each while the other worker waits for it. The build takes the models'
-    locks, so a test that needs a model meanwhile waits for this build, never builds twice."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", 0):
-        return
-    if (small_model_dir() / "config.json").exists() and \
-            (default_model_dir() / "config.json").exists():
-        return
-    import sys
-
-    (ROOT / ".cache").mkdir(exist_ok=True)
-    log = open(ROOT / ".cache/prebuild-models.log", "w")  # closed at unconfigure
-    config._horizonrl_prebuild = (subprocess.Popen(  # type: ignore[attr-defined]
-        [sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import conftest; "
-         "conftest.prebuild_models()"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The prebuild ends with the session: waited for, or stopped if the run was cut short
-    (a build cut half-way is started again from scratch next time)."""
-    proc, log = getattr(config, "_horizonrl_prebuild", (None, None))
-    if proc is None:
-        return
-    if proc.poll() is None:
-        proc.terminate()
-    proc.wait(timeout=60)
-    log.close()
+@pytest.fixture(scope="session")
+def small_default_model() -> tuple[str, ...]:
+    return SMALL_DEFAULT_MODEL
 
 
 @pytest.fixture(scope="session")

@@ -48,12 +48,14 @@ def test_status_without_a_run_says_so(tmp_path):
     assert out.returncode == 1 and "no training answers" in out.stderr
 
 
-def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp_path):
+def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(
+        tmp_path, small_default_model):
     """A local Ray of 1 CPU for actors that need 2.5: instead of hanging on the first actor
     that cannot be placed, the run waits the configured 2 s, then stops naming the shortfall."""
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "ray.num_cpus=1",
-         "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}"],
+         "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}",
+         *small_default_model],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "waiting for resources (CPU: needs 2.5, free now 1)" in out.stdout
@@ -61,12 +63,12 @@ def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp
     assert not list(tmp_path.iterdir()), "a run that could not start left a run dir"
 
 
-def test_train_cli_writes_run_dir(tmp_path):
+def test_train_cli_writes_run_dir(tmp_path, small_default_model):
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=e2e", "iterations=2",
          "metrics.port=0",
          f"run_root={tmp_path}", "checkpoint_every=1", "generator.tasks_per_step=2",
-         "generator.group_size=4", "env.replicas_per_actor=8"],
+         "generator.group_size=4", "env.replicas_per_actor=8", *small_default_model],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -121,7 +123,7 @@ def test_train_cli_writes_run_dir(tmp_path):
     assert diff < PROBE_TOL[dtype]
 
 
-def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path):
+def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path, small_default_model):
     """A pod's termination notice (SIGTERM) ends the run cleanly: the running iteration
     finishes, a checkpoint is written, the ledger closes reconciled, exit code 0."""
     import signal
@@ -130,7 +132,8 @@ def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path):
     proc = subprocess.Popen(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=term", "iterations=200",
          "metrics.port=0", f"run_root={tmp_path}", "checkpoint_every=0",
-         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8"],
+         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8",
+         *small_default_model],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = []
