@@ -27,44 +27,23 @@ TEST_MODEL = {"transcripts": 300, "pretrain_steps": 4, "batch_size": 8, "seed": 
 MODEL_SOURCES = ("cluster/model", "envpool", "protos")
 
 
-def small_model_dir() -> Path:
-    """Where the test model is cached: keyed by its settings and the source of the code that
-    builds it."""
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """A small but real tiny model (tokenizer trained here, a few pre-training steps), built
+    once into .cache/models and reused by later sessions and by every test worker, keyed by
+    its settings and the source of the code that builds it."""
     import hashlib
     import json
+
+    from horizonrl.cluster.model.load import built_once
+    from horizonrl.cluster.model.tiny_model import build_tiny_model
 
     digest = hashlib.sha1(json.dumps(TEST_MODEL, sort_keys=True).encode())
     for folder in MODEL_SOURCES:
         for src in sorted((ROOT / folder).rglob("*.py")):
             digest.update(src.relative_to(ROOT).as_posix().encode() + src.read_bytes())
-    return ROOT / ".cache/models" / f"test-tiny-{digest.hexdigest()[:10]}"
-
-
-def build_small_model() -> Path:
-    from horizonrl.cluster.model.load import built_once
-    from horizonrl.cluster.model.tiny_model import build_tiny_model
-
-    return built_once(small_model_dir(), lambda tmp: build_tiny_model(tmp, **TEST_MODEL))
-
-
-# Overrides that make a run of configs/babyai-local.yaml build a small tiny model itself (the
-# run's own first-use path, ensure_model, into .cache/models; seconds, then cached) instead of
-# the embedded default's (minutes on a fresh checkout): for the tests that run the default
-# config and do not depend on that model's pre-training.
-SMALL_DEFAULT_MODEL = ("model.tiny.transcripts=300", "model.tiny.pretrain_steps=4",
-                       "model.tiny.batch_size=8")
-
-
-@pytest.fixture(scope="session")
-def small_default_model() -> tuple[str, ...]:
-    return SMALL_DEFAULT_MODEL
-
-
-@pytest.fixture(scope="session")
-def tiny_model_path() -> Path:
-    """A small but real tiny model (tokenizer trained here, a few pre-training steps), built
-    once into .cache/models and reused by later sessions and by every test worker."""
-    return build_small_model()
+    out = ROOT / ".cache/models" / f"test-tiny-{digest.hexdigest()[:10]}"
+    return built_once(out, lambda tmp: build_tiny_model(tmp, **TEST_MODEL))
 
 
 @pytest.fixture(scope="session")

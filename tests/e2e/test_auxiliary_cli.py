@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_DEFAULT_MODEL  # tests/conftest.py
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,13 +18,12 @@ CLI = [sys.executable, "-m", "horizonrl.cluster.cli"]
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, small_default_model):
+def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=aux", "iterations=3",
          "metrics.port=0", f"run_root={root}", "checkpoint_every=0", "save_trajectories=true",
-         "generator.tasks_per_step=6", "generator.group_size=6", "env.replicas_per_actor=36",
-         *small_default_model],
+         "generator.tasks_per_step=6", "generator.group_size=6", "env.replicas_per_actor=36"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -41,7 +39,7 @@ def _aux(kind: str, run_dir: Path, out: Path, *extra: str) -> list[dict]:
          # A fixed small set, revisited: the loss must fall as the model fits it (on fresh
          # samples of its own policy the NLL is already near its entropy).
          "--max-examples", "12", "learner.lr=1e-3",
-         "learner.warmup_steps=0", *SMALL_DEFAULT_MODEL, *extra],
+         "learner.warmup_steps=0", *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "model" / "config.json").exists() and (out / "model" / "tokenizer.json").exists()

@@ -48,14 +48,12 @@ def test_status_without_a_run_says_so(tmp_path):
     assert out.returncode == 1 and "no training answers" in out.stderr
 
 
-def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(
-        tmp_path, small_default_model):
+def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp_path):
     """A local Ray of 1 CPU for actors that need 2.5: instead of hanging on the first actor
     that cannot be placed, the run waits the configured 2 s, then stops naming the shortfall."""
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "ray.num_cpus=1",
-         "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}",
-         *small_default_model],
+         "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "waiting for resources (CPU: needs 2.5, free now 1)" in out.stdout
@@ -63,12 +61,12 @@ def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(
     assert not list(tmp_path.iterdir()), "a run that could not start left a run dir"
 
 
-def test_train_cli_writes_run_dir(tmp_path, small_default_model):
+def test_train_cli_writes_run_dir(tmp_path):
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=e2e", "iterations=2",
          "metrics.port=0",
          f"run_root={tmp_path}", "checkpoint_every=1", "generator.tasks_per_step=2",
-         "generator.group_size=4", "env.replicas_per_actor=8", *small_default_model],
+         "generator.group_size=4", "env.replicas_per_actor=8"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -123,7 +121,7 @@ def test_train_cli_writes_run_dir(tmp_path, small_default_model):
     assert diff < PROBE_TOL[dtype]
 
 
-def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path, small_default_model):
+def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path):
     """A pod's termination notice (SIGTERM) ends the run cleanly: the running iteration
     finishes, a checkpoint is written, the ledger closes reconciled, exit code 0."""
     import signal
@@ -132,8 +130,7 @@ def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path, small_def
     proc = subprocess.Popen(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=term", "iterations=200",
          "metrics.port=0", f"run_root={tmp_path}", "checkpoint_every=0",
-         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8",
-         *small_default_model],
+         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = []

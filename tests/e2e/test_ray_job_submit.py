@@ -65,14 +65,14 @@ def ray_head(free_port):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_job_submit_trains_and_writes_metrics(ray_head, tmp_path, small_default_model):
+def test_job_submit_trains_and_writes_metrics(ray_head, tmp_path):
     address, env = ray_head
     cmd = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", ".",
            "--runtime-env", "deploy/runtime_env.yaml", "--",
            "horizonrl", "train", "--config", "configs/babyai-local.yaml", "name=job",
            "iterations=2", f"run_root={tmp_path}", "metrics.port=0", "checkpoint_every=0",
            f"model.cache_dir={ROOT / '.cache/models'}", "generator.tasks_per_step=2",
-           "generator.group_size=4", "env.replicas_per_actor=8", *small_default_model]
+           "generator.group_size=4", "env.replicas_per_actor=8"]
     # The head's job agent can lag its HTTP API by several seconds, and on a loaded machine the
     # client's version check can time out before anything is submitted: both are retried
     # (neither submitted a job, so a retry cannot start a second one).

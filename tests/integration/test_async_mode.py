@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL_DEFAULT_MODEL  # tests/conftest.py
 
 from horizonrl.cluster.config import load_config
 
@@ -20,7 +19,7 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
     from horizonrl.cluster.rollout.iteration import make_run_dir
     from horizonrl.cluster.train.driver import Trainer
 
-    cfg = load_config(ROOT / "configs/babyai-local.yaml", [*SMALL_DEFAULT_MODEL,
+    cfg = load_config(ROOT / "configs/babyai-local.yaml", [
         "name=async", "iterations=4", "metrics.port=0", f"run_root={tmp_path}",
         "mode=async", "max_staleness=1", "env.replicas_per_actor=16",
         "generator.tasks_per_step=4", "generator.group_size=4", "curriculum.horizons=[3]",

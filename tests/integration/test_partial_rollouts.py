@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_DEFAULT_MODEL  # tests/conftest.py
 
 from horizonrl.actors.policy_board import PolicyBoard
 
@@ -53,7 +52,7 @@ def test_an_episode_spans_a_weight_update_turn_by_turn(tmp_path):
     from horizonrl.cluster.train.driver import Trainer
 
     root = Path(__file__).resolve().parents[2]
-    cfg = load_config(root / "configs/babyai-local.yaml", [*SMALL_DEFAULT_MODEL,
+    cfg = load_config(root / "configs/babyai-local.yaml", [
         "name=partial", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
         "checkpoint_every=0", "mode=async", "generator.partial_rollouts=true",
         "env.replicas_per_actor=8", "generator.tasks_per_step=2", "generator.group_size=4",

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL_DEFAULT_MODEL  # tests/conftest.py
 
 from horizonrl.cluster.config import load_config
 
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return load_config(ROOT / "configs/babyai-local.yaml", [*SMALL_DEFAULT_MODEL,
+    return load_config(ROOT / "configs/babyai-local.yaml", [
         "name=it", "iterations=2", "metrics.port=0", f"run_root={root}", "checkpoint_every=0",
         "env.replicas_per_actor=16", "generator.tasks_per_step=4", "generator.group_size=4",
         "curriculum.horizons=[2, 3]", "curriculum.steps_per_stage=1",
