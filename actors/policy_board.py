@@ -98,7 +98,7 @@ class PolicyFeed:
 
     @property
     def closed(self) -> bool:
-        return self.frontier is not None and self.frontier == CLOSED
+        return self.frontier == CLOSED
 
     def take(self) -> tuple[int, Any | None, HorizonSetting | None]:
         """(version, its state dict or None when only the horizon is new, setting or None);

@@ -87,8 +87,6 @@ def _bm25s() -> Any:
     The scores used here come from bm25s's numpy path, so numba changes nothing of them."""
     import sys
 
-    if "bm25s" in sys.modules:
-        return sys.modules["bm25s"]
     block = "numba" not in sys.modules
     if block:
         sys.modules["numba"] = None  # type: ignore[assignment]  # `import numba` raises
