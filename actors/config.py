@@ -204,3 +204,35 @@ class CurriculumConfig(BaseModel):
                 raise ValueError(f"curriculum.boundaries must be {len(self.horizons) - 1} rising "
                                  f"steps >= 1 (one per stage after the first), got {b}")
         return self
+
+
+class AgentConfig(BaseModel):
+    """Outside agents: the user's own agent code, talking to each generator's OpenAI-compatible
+    endpoint, plays the episodes (docs/agents.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    callable: str | None = Field(
+        None, description="`module:function` of the agent: it gets an `AgentTask` (task seed, "
+        "`task.client()` an OpenAI client for the episode, `task.env` the env replica) and "
+        "returns the episode's reward, or None for the env's; sync or async. Unset: "
+        "horizonrl's own agent loop plays.", pattern=r"^[\w.]+:\w+$")
+    tool_parser: str = Field(
+        "hermes", description="How tool calls are read from a reply: hermes, "
+        "`<tool_call>{\"name\", \"arguments\"}</tool_call>` blocks (Qwen2.5, the tiny "
+        "model), or a `module:function` of your own (actors.tool_calls.ToolParser) for "
+        "another model's format.", pattern=r"^(hermes|[\w.]+:\w+)$")
+    host: str = Field("127.0.0.1", description="Address the endpoint binds to. Off loopback, "
+                      "only the per-episode keys (random, valid while the episode runs) "
+                      "guard it; put TLS in front of it across untrusted networks.")
+    port: int = Field(0, ge=0, le=65535, description="Endpoint port; 0 picks a free one per "
+                      "generator.")
+    served_model_name: str = Field("horizonrl", description="The model name /v1/models "
+                                   "lists and replies carry.")
+    episode_timeout_s: float = Field(
+        600.0, gt=0, description="Deadline for one agent episode (its whole run); past it the "
+        "episode fails with failure=timeout and its env actor is restarted.")
+    request_timeout_s: float = Field(300.0, gt=0, description="How long the endpoint waits "
+                                     "for a reply before answering 504.")
+    max_request_bytes: int = Field(4 << 20, ge=1024, description="Largest request body; "
+                                   "bigger ones get 413.")

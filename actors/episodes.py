@@ -118,6 +118,27 @@ class Tally:
                 "cached_tokens": self.cached_tokens, "env_steps": self.env_steps}
 
 
+def take_startable(waiting: deque, pools: dict[str, EnvPool], admit: Callable[[int | None], bool],
+                   room: int) -> list:
+    """Up to `room` episodes from the front of `waiting` that may start now, each given a
+    replica (`slot`) of its env: in order, while `admit(step)` allows their step (steps
+    ascend, so nothing after a refused one is admitted either); one whose env has no free
+    replica stays queued, in its place, for a later call."""
+    taken, skipped = [], deque()
+    while waiting and len(taken) < room:
+        ep = waiting.popleft()
+        if not admit(ep.step):
+            waiting.appendleft(ep)
+            break
+        if pools[ep.key].free_replicas() == 0:
+            skipped.append(ep)
+            continue
+        (ep.slot,) = pools[ep.key].acquire(1)
+        taken.append(ep)
+    waiting.extendleft(reversed(skipped))
+    return taken
+
+
 class IndependentEpisodes:
     """Runs a rollout's episodes to the end, each independently; at most `max_in_flight`
     started and unfinished at once (and never more than its env has replicas).
@@ -187,19 +208,10 @@ class IndependentEpisodes:
         """Start waiting episodes while the bound allows and their env has a free replica; the
         resets of one env go out as one call."""
         starts: dict[str, list[Episode]] = {}
-        skipped: deque[Episode] = deque()
-        while self._waiting and len(self._running) < self.max_in_flight:
-            ep = self._waiting.popleft()
-            if not self.admit(ep.step):  # steps ascend: nothing after it is admitted either
-                self._waiting.appendleft(ep)
-                break
-            if self.pools[ep.key].free_replicas() == 0:
-                skipped.append(ep)
-                continue
-            (ep.slot,) = self.pools[ep.key].acquire(1)
+        for ep in take_startable(self._waiting, self.pools, self.admit,
+                                 self.max_in_flight - len(self._running)):
             self._running[ep.index] = ep
             starts.setdefault(ep.key, []).append(ep)
-        self._waiting.extendleft(reversed(skipped))
         for key, eps in starts.items():
             self._submit_env(key, "reset", eps, [ep.seed for ep in eps])
         self.tally.peak_in_flight = max(self.tally.peak_in_flight, len(self._running))

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from horizonrl.actors.config import GeneratorConfig
+from horizonrl.actors.agent_rollout import AgentRollout
+from horizonrl.actors.config import AgentConfig, GeneratorConfig
 from horizonrl.actors.curriculum import HorizonSetting
 from horizonrl.actors.episodes import Tally
 from horizonrl.actors.heap import trim_heap
@@ -57,7 +58,8 @@ class GeneratorActor:
     def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str,
                  env_pools: Sequence[EnvPool], ingest_address: str, seed: int,
                  policy_version: int = 0, ingest_token: str | None = None,
-                 ingest_tls_ca: str | None = None, engine: Engine | None = None) -> None:
+                 ingest_tls_ca: str | None = None, engine: Engine | None = None,
+                 agent: AgentConfig | None = None) -> None:
         from horizonrl.actors.transport import TrajectorySender
 
         self.name = name
@@ -94,6 +96,8 @@ class GeneratorActor:
         self._weights_dir = tempfile.mkdtemp(prefix=f"horizonrl-{name}-weights-")
         for pool in self.pools.values():
             pool.wait_ready()
+        # Outside agents (agent.callable): they play through this generator's endpoint.
+        self.agents = None if agent is None else AgentRollout(agent, self)
 
     # -- control -----------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -180,10 +184,13 @@ class GeneratorActor:
         self._sends = []
         self._feed = None if board is None else PolicyFeed(
             board, version=self.policy_version, horizon_version=self.horizon_version,
-            poll_s=0.0 if self.cfg.loop == "lockstep" else POLL_S)
+            poll_s=0.0 if self.cfg.loop == "lockstep" and self.agents is None else POLL_S)
         self._loads = 0
         try:
-            if self.cfg.loop == "independent":
+            if self.agents is not None:
+                sent = self.agents.run(tasks, group_size, step, version, per_env, horizon,
+                                       tally)
+            elif self.cfg.loop == "independent":
                 sent = self._independent(tasks, group_size, step, version, per_env, horizon,
                                          tally)
             else:

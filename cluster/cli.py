@@ -52,7 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demos", help="expert demonstrations through the agent loop's token "
                        "path, as trajectory JSONL (for sft, dpo and the warm start)")
     d.add_argument("--config", help="run config (env, model for the tokenizer, seed)")
-    d.add_argument("--episodes", type=int, required=True, help="expert episodes to play")
+    d.add_argument("--episodes", type=int, help="expert episodes to play (not with --import)")
+    d.add_argument("--import", dest="import_file", metavar="FILE", help="convert this file of "
+                   "others' trajectories instead of playing the env (needs --format)")
+    d.add_argument("--format", choices=["agentgym", "openai"], help="with --import: AgentGym "
+                   "(AgentTraj-L JSON/JSONL) or OpenAI chat JSONL (tools, tool_calls, weight)")
     d.add_argument("--out", required=True, help="output folder (demos.jsonl, summary.json)")
     d.add_argument("--split", default="train", choices=["train", "eval"], help="task seeds: "
                    "distinct train-split seeds drawn from the run seed, or the eval split's first")
@@ -134,15 +138,40 @@ def demos(args: argparse.Namespace, cfg: Any) -> int:
     from horizonrl.cluster.ops.runtime import ray_session
     from horizonrl.cluster.warm_start.demos import collect_demos
 
-    if args.episodes < 1 or args.max_turns < 1 or not 0 <= args.noise < 1:
-        print("horizonrl: demos: --episodes and --horizon must be positive and --noise in "
-              "[0, 1)", file=sys.stderr)
+    if args.import_file is not None:
+        return import_demos(args, cfg)
+    if args.episodes is None or args.episodes < 1 or args.max_turns < 1 or not (
+            0 <= args.noise < 1):
+        print("horizonrl: demos: --episodes (or --import FILE) is required; --episodes and "
+              "--horizon must be positive and --noise in [0, 1)", file=sys.stderr)
         return 2
     model = args.model or str(ensure_model(cfg.model, env=cfg.env))
     with ray_session(cfg.ray):
         collect_demos(cfg, model_path=model, episodes=args.episodes, out=args.out,
                       split=args.split, noise=args.noise, thought=args.thought,
                       max_turns=args.max_turns)
+    return 0
+
+
+def import_demos(args: argparse.Namespace, cfg: Any) -> int:
+    """`demos --import FILE --format F`: no env is played; 2 when no record was imported."""
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.cluster.warm_start.importers import ImportFailed, import_demos
+
+    if args.format is None:
+        print("horizonrl: demos --import needs --format agentgym|openai", file=sys.stderr)
+        return 2
+    model = args.model or str(ensure_model(cfg.model, env=cfg.env))
+    try:
+        summary = import_demos(cfg, path=args.import_file, fmt=args.format, model_path=model,
+                               out=args.out)
+    except ImportFailed as exc:
+        print(f"horizonrl: demos --import: {exc}", file=sys.stderr)
+        return 2
+    if not summary["imported"]:
+        print(f"horizonrl: demos --import: none of the {summary['skipped']} records of "
+              f"{args.import_file} could be imported (reasons above)", file=sys.stderr)
+        return 2
     return 0
 
 

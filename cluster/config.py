@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from horizonrl.actors.config import CurriculumConfig, GeneratorConfig
+from horizonrl.actors.config import AgentConfig, CurriculumConfig, GeneratorConfig
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.learner.config import LearnerConfig
 
@@ -267,6 +267,8 @@ class RunConfig(BaseModel):
     )
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="Rollout.")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="Horizon.")
+    agent: AgentConfig = Field(default_factory=AgentConfig,
+                               description="Outside agents through an OpenAI endpoint.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Periodic evaluation.")
     init: InitConfig = Field(default_factory=InitConfig, description="Warm start (demos + "

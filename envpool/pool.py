@@ -181,10 +181,16 @@ class EnvPool:
     (soft node affinity, `env.colocate`), so env steps do not cross the network.
     """
 
-    def __init__(self, cfg: EnvConfig, *, name: str = "envpool", index: int = 0) -> None:
+    def __init__(self, cfg: EnvConfig, *, name: str = "envpool", index: int = 0,
+                 agent: str | None = None) -> None:
         """`index`: this pool's place among the run's pools of `cfg` (its generator's), so
-        that per-replica kwargs (`urls`) give every replica of the run its own entry."""
+        that per-replica kwargs (`urls`) give every replica of the run its own entry.
+        `agent`: `module:function` of a user agent each replica runs (envpool/agent_worker.py)
+        through the `agent` call, all replicas of an actor at once."""
         self.cfg = cfg
+        self.agent = agent
+        # Calls an actor serves at once: a running agent holds its replica's thread.
+        self.concurrency = cfg.replicas_per_actor if agent else cfg.step_threads
         self.name = name
         self.index = index
         self._actors: list[Any] | None = None  # Ray actors, or EnvWorkers with `in_process`
@@ -192,7 +198,7 @@ class EnvPool:
         self.epochs = [0] * cfg.num_actors
         self.restarts = 0
         # Client-side pool metrics: calls and their latency, failures by kind.
-        self.calls = {"reset": 0, "step": 0, "oracle": 0}
+        self.calls = {"reset": 0, "step": 0, "oracle": 0, "agent": 0}
         self.call_seconds = 0.0
         self.errors = {"env_error": 0, "timeout": 0}
         self._free = [(a, r) for a in range(cfg.num_actors) for r in range(cfg.replicas_per_actor)]
@@ -211,21 +217,25 @@ class EnvPool:
         first = (self.index * self.cfg.num_actors + actor) * self.cfg.replicas_per_actor
         args = (self.cfg.name, self.cfg.kwargs, self.cfg.replicas_per_actor,
                 self.cfg.recycle_every_episodes, self.cfg.step_threads, first)
+        worker: Any = EnvWorker
+        extra = {"agent": self.agent} if self.agent else {}
+        if self.agent:
+            from horizonrl.envpool.agent_worker import AgentWorker as worker
         if self.cfg.in_process:
-            return EnvWorker(*args)
+            return worker(*args, **extra)
         import ray
 
         # step_threads > 1: a threaded actor, so calls from episodes running independently
         # do not queue behind each other.
         remote = ray.remote(num_cpus=self.cfg.num_cpus_per_actor,
                             resources=self.cfg.resources or None, max_restarts=0,
-                            max_concurrency=self.cfg.step_threads)(EnvWorker)
+                            max_concurrency=self.concurrency)(worker)
         if self.cfg.colocate:  # soft: another node where this one lacks room or resources
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             remote = remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=True))
-        return remote.remote(*args)
+        return remote.remote(*args, **extra)
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         actors = self.actors  # in_process: built on the spot, nothing to wait for
@@ -289,12 +299,14 @@ class EnvPool:
         """One call per actor, waited for; results in slot order; failures become EnvError."""
         return self.collect(self.submit(method, slots, items))
 
-    def submit(self, method: str, slots: Sequence[Slot], items: list[tuple]) -> PendingCall:
-        """Start `method` (reset, step, oracle) on each slot's replica with its item (replica,
-        arg): one call per actor; `collect` waits for it. Episodes that run independently
-        keep several of these in flight."""
-        pending = PendingCall(method, [None] * len(slots), {},
-                              time.monotonic() + self.cfg.call_timeout_s, time.perf_counter())
+    def submit(self, method: str, slots: Sequence[Slot], items: list[tuple],
+               timeout_s: float | None = None) -> PendingCall:
+        """Start `method` (reset, step, oracle, agent) on each slot's replica with its item
+        (replica, arg): one call per actor; `collect` waits for it, up to `timeout_s` (default
+        env.call_timeout_s). Episodes that run independently keep several in flight."""
+        timeout_s = timeout_s or self.cfg.call_timeout_s
+        pending = PendingCall(method, [None] * len(slots), {}, time.monotonic() + timeout_s,
+                              time.perf_counter())
         by_actor: dict[int, list[int]] = {}
         for i, s in enumerate(slots):
             if s.epoch != self.epochs[s.actor]:
@@ -342,8 +354,7 @@ class EnvPool:
             try:
                 got = self._result(call, max(0.0, pending.deadline - time.monotonic()))
             except (ray.exceptions.GetTimeoutError, FutureTimeout):
-                got = [EnvError("timeout", f"{pending.method} exceeded "
-                                f"{self.cfg.call_timeout_s}s")] * len(idx)
+                got = [EnvError("timeout", f"{pending.method} passed its deadline")] * len(idx)
                 self._restart(a, kill=True, epoch=epoch)
             except died as exc:
                 got = [EnvError("env_error", f"env actor died: {type(exc).__name__}")] * len(idx)
@@ -362,7 +373,7 @@ class EnvPool:
         if not self.cfg.in_process:
             return getattr(self.actors[actor], method).remote(batch)
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(self.cfg.num_actors * self.cfg.step_threads,
+            self._threads = ThreadPoolExecutor(self.cfg.num_actors * self.concurrency,
                                                thread_name_prefix=self.name)
         return self._threads.submit(getattr(self.actors[actor], method), batch)
 

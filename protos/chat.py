@@ -15,8 +15,44 @@ IM_END = "<|im_end|>"
 PAD = "<|endoftext|>"
 SPECIAL_TOKENS = (PAD, IM_START, IM_END)
 
+TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+
 # Jinja ChatML template saved with the tokenizer so HF and vLLM users render the same prompts.
+# Plain messages render as bare ChatML (what `ChatFormat` builds in token space). With `tools`
+# it follows Qwen2.5's hermes style, shortened for small contexts: the function signatures go
+# into the system turn, an assistant's calls are written `<tool_call>{"name": ..., "arguments":
+# ...}</tool_call>` after its text, and a tool result is a `tool` turn of its own.
 CHATML_TEMPLATE = (
+    "{%- set ns = namespace(skip=0) -%}"
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{{ messages[0]['content'] + '\n\n' }}{%- set ns.skip = 1 -%}"
+    "{%- endif -%}"
+    "{{ '# Tools\nCall a function as <tool_call>{\"name\": <name>, \"arguments\": "
+    "<object>}</tool_call>. Functions:' }}"
+    "{%- for tool in tools -%}"
+    "{{ '\n' + (tool['function'] if tool['function'] is defined else tool) | tojson }}"
+    "{%- endfor -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages[ns.skip:] -%}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}{%- endif -%}"
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{%- set f = call['function'] if call['function'] is defined else call -%}"
+    "{{ '<tool_call>{\"name\": ' + f['name'] | tojson + ', \"arguments\": ' }}"
+    "{{- f['arguments'] if f['arguments'] is string else f['arguments'] | tojson -}}"
+    "{{ '}</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+
+# The template tiny models were saved with before it rendered tools: the same text for plain
+# messages, so such a model takes the new one (`load_tokenizer`) and serves tools too.
+PLAIN_CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
@@ -35,7 +71,10 @@ def load_tokenizer(path: str | Any) -> Any:
     """
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast.from_pretrained(str(path))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    if tokenizer.chat_template == PLAIN_CHATML_TEMPLATE:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
 
 
 @dataclass(frozen=True, slots=True)

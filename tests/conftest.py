@@ -136,3 +136,33 @@ def fleet_of() -> Callable[..., object]:
         return fleet
 
     return make
+
+
+def mask_runs(mask) -> list[tuple[int, int, int]]:
+    """(value, start, end) of each run of equal values in a response mask."""
+    out, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((mask[start], start, i))
+            start = i
+    return out
+
+
+def async_steps(trainer, iterations: int) -> dict:
+    """Train `iterations` async steps; what partial rollouts did: weight loads mid-rollout,
+    trained episodes whose turns span versions (checked to rise), each episode's lag behind
+    the version its step began with, the last ledger, and the trajectories trained on."""
+    loads, spanning, lags, trained, m = 0.0, 0, [], [], {}
+    for _ in range(iterations):
+        version = trainer.policy_version
+        m = trainer.step()
+        loads += m["async"]["weight_loads_mid_rollout"]
+        trained += trainer.last_trajectories
+        for t in trainer.last_trajectories:
+            lags.append(version - t.policy_version)
+            if t.turn_versions:
+                spanning += 1
+                assert min(t.turn_versions) == t.policy_version
+                assert list(t.turn_versions) == sorted(t.turn_versions)
+    return {"loads": loads, "spanning": spanning, "lags": lags, "ledger": m.get("ledger"),
+            "trained": trained}

@@ -134,8 +134,9 @@ def evaluate_in_session(cfg: RunConfig, models: dict[str, str], *, envs: Sequenc
             remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus,
                                 resources=g.resources or None)(GeneratorActor)
             gen = remote.remote(name=f"eval-{label}", cfg=g, model_path=path,
-                                env_pools=[EnvPool(e, name=f"eval-{label}-{e.key}")
-                                           for e in envs],
+                                env_pools=[EnvPool(e, name=f"eval-{label}-{e.key}",
+                                                   agent=cfg.agent.callable) for e in envs],
+                                agent=cfg.agent if cfg.agent.callable else None,
                                 ingest_address=address, ingest_token=token,
                                 ingest_tls_ca=cfg.learner.ingest.tls_ca_path, seed=cfg.seed)
             wait_started({f"generator eval-{label}": gen}, timeout_s=g.restart_timeout_s,

@@ -57,8 +57,10 @@ class Fleet:
         remote = ray.remote(num_cpus=g.num_cpus, num_gpus=g.num_gpus,
                             resources=g.resources or None)(GeneratorActor)
         return remote.remote(name=f"gen{i}", cfg=g, model_path=self.model_path,
-                             env_pools=[EnvPool(e, name=f"gen{i}-{e.key}", index=i)
+                             env_pools=[EnvPool(e, name=f"gen{i}-{e.key}", index=i,
+                                                agent=self.cfg.agent.callable)
                                         for e in self.cfg.envs],
+                             agent=self.cfg.agent if self.cfg.agent.callable else None,
                              ingest_address=self.ingest_address,
                              ingest_token=self.ingest_token,
                              ingest_tls_ca=self.cfg.learner.ingest.tls_ca_path,

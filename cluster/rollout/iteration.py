@@ -93,6 +93,9 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "cut_by_context_rate": sum(t.cut == "context" for t in ok) / n,
         "rows_per_episode": sum(t.rows for t in ok) / n,
         "repeated_action_rate": repeated_action_rate(ok),
+        # Outside agents (agent.callable): episodes whose agent edited its history, so some
+        # turns were re-tokenised and train as rows of their own (actors/agent_sessions.py).
+        "edited_history_rate": sum(bool(t.info.get("edited_history")) for t in ok) / n,
         "failed_episodes": float(len(trajs) - len(ok)),
         "max_turns": float(max((t.num_turns for t in trajs), default=0)),
     }

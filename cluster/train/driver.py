@@ -202,7 +202,8 @@ class Trainer:
              "env_restarts": sum(o.env_restarts for o in outs),
              "queue_depth": self.ingest.stats()["queue_depth"], "staleness_max": staleness,
              "tokens_per_s": tokens / max(secs["generate"], 1e-9),
-             "env_steps_per_s": env_steps / max(secs["env"], 1e-9),
+             # 0 where no env time was measured (outside agents step their envs themselves).
+             "env_steps_per_s": env_steps / secs["env"] if secs["env"] > 1e-3 else 0.0,
              "generated_tokens": tokens, "env_steps": env_steps, "seconds": secs,
              # Prompt tokens the engine read per step, and the share its prefix cache served.
              "prompt_tokens": prompt_tokens,

@@ -8,6 +8,7 @@ import os
 import re
 
 import pytest
+from conftest import mask_runs
 
 from horizonrl.cluster.config import load_config
 from horizonrl.cluster.model.tiny_model import expert_reply
@@ -21,16 +22,6 @@ pytestmark = pytest.mark.integration
 REPLY = re.compile(r"Thought: I will ([^\n]*)\.\nAction: \1" + re.escape(IM_END))
 MAZE = ["env.kwargs.level=BabyAI-GoToObjMaze-v0", "env.kwargs.expert=macro",
         "env.replicas_per_actor=8"]
-
-
-def _runs(mask: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """(value, start, end) of each run of equal mask values."""
-    out, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            out.append((mask[start], start, i))
-            start = i
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +49,7 @@ def test_demo_tokens_decode_to_the_turns_and_the_mask_covers_only_expert_tokens(
         # In order: every expert turn is a mask-1 run decoding to exactly its reply; the rest
         # is observations, plus injected random turns (kept in context, mask 0).
         replies, kinds = [], []
-        for value, s, e in _runs(t.response_mask):
+        for value, s, e in mask_runs(t.response_mask):
             text = tokenizer.decode(list(t.response_ids[s:e]))
             if value == 1:
                 assert text.endswith(IM_END)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import async_steps
 
 from horizonrl.actors.policy_board import PolicyBoard
 
@@ -127,21 +128,10 @@ def test_async_driver_with_partial_rollouts(tmp_path, tiny_model_path):
         "fault: latency, sleep_s: 0.4, jitter: 0.5}",
         "generator.tasks_per_step=4", "generator.group_size=4", "curriculum.horizons=[6]",
         "learner.minibatches=1", "learner.skip_zero_variance_groups=false"])
-    loads, spanning, lags = 0.0, 0, []
     with ray_session(cfg.ray), Trainer(cfg, run_dir=make_run_dir(cfg)) as trainer:
-        for _ in range(cfg.iterations):
-            version = trainer.policy_version
-            m = trainer.step()
-            loads += m["async"]["weight_loads_mid_rollout"]
-            for t in trainer.last_trajectories:
-                lags.append(version - t.policy_version)
-                if t.turn_versions:
-                    spanning += 1
-                    assert min(t.turn_versions) == t.policy_version
-                    assert list(t.turn_versions) == sorted(t.turn_versions)
-        led = m["ledger"]
-    print(f"\nmid-rollout weight loads {loads:.0f}, trained episodes spanning versions "
-          f"{spanning}, lags {sorted(set(lags))}")
-    assert loads >= cfg.iterations - 2 and spanning >= 1
-    assert max(lags) <= 1  # the oldest turn's lag
-    assert led["reconciled"]
+        run = async_steps(trainer, cfg.iterations)
+    print(f"\nmid-rollout weight loads {run['loads']:.0f}, trained episodes spanning versions "
+          f"{run['spanning']}, lags {sorted(set(run['lags']))}")
+    assert run["loads"] >= cfg.iterations - 2 and run["spanning"] >= 1
+    assert max(run["lags"]) <= 1  # the oldest turn's lag
+    assert run["ledger"]["reconciled"]

@@ -1,0 +1,1 @@
+"""Example outside agents for `agent.callable` (docs/agents.md)."""
