@@ -38,8 +38,11 @@ def _gone(proc: subprocess.Popen) -> bool:
     return False
 
 
-def test_timeout_is_retried_and_the_failed_attempts_processes_are_stopped():
-    init = FlakyInit(failures=2)
+@pytest.mark.parametrize("message", [
+    f"The current node {STARTUP_TIMEOUT_TEXT}.",
+    "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_abc"])
+def test_timeout_is_retried_and_the_failed_attempts_processes_are_stopped(message):
+    init = FlakyInit(failures=2, message=message)
     start_local(init, attempts=3)
     assert init.calls == 3
     assert all(_gone(p) for p in init.children)
