@@ -132,6 +132,45 @@ def error(status: int, code: str, message: str,
                         headers=headers)
 
 
+class BodyLimit:
+    """Refuse a request body over `limit` bytes with 413, before any handler reads it: by its
+    Content-Length, or (chunked) by counting as it arrives. A plain ASGI middleware: Starlette's
+    `BaseHTTPMiddleware` costs a task group per request, on the path of every model turn."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        size = dict(scope["headers"]).get(b"content-length")
+        if size is not None and (not size.isdigit() or int(size) > self.limit):
+            return await self._refuse(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                return await self._refuse(scope, receive, send)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+        await error(413, "request_too_large", f"request body over {self.limit} bytes "
+                    "(agent.max_request_bytes)")(scope, receive, send)
+
+
 def create_app(sessions: AgentSessions, requests: RequestQueue, *, model: str,
                max_request_bytes: int, request_timeout_s: float) -> FastAPI:
     app = FastAPI(title="horizonrl agent endpoint",
@@ -151,17 +190,7 @@ def create_app(sessions: AgentSessions, requests: RequestQueue, *, model: str,
             exc.status_code, "http_error")
         return error(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > max_request_bytes):
-            return error(413, "request_too_large", f"request body over {max_request_bytes} "
-                         "bytes (agent.max_request_bytes)")
-        body = await request.body()  # chunked bodies carry no length: measure them
-        if len(body) > max_request_bytes:
-            return error(413, "request_too_large", f"request body over {max_request_bytes} "
-                         "bytes (agent.max_request_bytes)")
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=max_request_bytes)
 
     def session_key(request: Request) -> str | None:
         auth = request.headers.get("authorization", "")
