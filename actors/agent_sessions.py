@@ -171,6 +171,10 @@ class AgentSession:
         versions = tuple(t.version for t in self.turns)
         terminated = outcome is not None and outcome.terminated and self.cut is None
         invalid = [k for k, t in enumerate(self.turns) if t.invalid]
+        # Invalid actions: turns with a malformed call, plus the env steps the env rejected
+        # (the agent steps its env itself, so those are known per episode, not per turn; one
+        # step per reply is the usual case). `invalid_turns` lists the former only.
+        rejected = int((outcome.info if outcome else {}).get("env_invalid_steps", 0))
         return Trajectory(
             trajectory_id=trajectory_id, group_id=group_id, task_id=task_id,
             env_name=env_name, policy_version=min(versions, default=self.version),
@@ -179,7 +183,7 @@ class AgentSession:
             reward=float(sum(rewards)), num_turns=n, terminated=terminated,
             truncated=not terminated and failure is Failure.NONE, failure=failure,
             info={"success": bool(outcome and outcome.success), "agent": True,
-                  "invalid_actions": len(invalid), "invalid_turns": invalid,
+                  "invalid_actions": min(n, len(invalid) + rejected), "invalid_turns": invalid,
                   "invalid_tool_calls": [t.invalid for t in self.turns if t.invalid],
                   "actions": [t.action for t in self.turns],
                   "edited_history": self.edits,

@@ -45,11 +45,12 @@ class AgentCall:
 
 
 class TaskEnv:
-    """The replica's env for one episode, keeping the reward, end and success it reported."""
+    """The replica's env for one episode, keeping the reward, end, success and rejected
+    actions it reported."""
 
     def __init__(self, env: TextEnv, seed: int) -> None:
         self._env, self.seed = env, seed
-        self.reward, self.steps = 0.0, 0
+        self.reward, self.steps, self.invalid = 0.0, 0, 0
         self.terminated = self.success = self.started = False
 
     def reset(self) -> tuple[str, dict[str, Any]]:
@@ -62,6 +63,7 @@ class TaskEnv:
             raise RuntimeError("call task.env.reset() before task.env.step()")
         result = self._env.step(action)
         self.steps += 1
+        self.invalid += bool(result.info.get("invalid_action", False))
         self.reward += float(result.reward)
         self.terminated = self.terminated or bool(result.terminated)
         self.success = self.success or bool(result.info.get("success", False))
@@ -122,7 +124,7 @@ def run_agent(fn: Callable[[AgentTask], Any], task: AgentTask) -> AgentOutcome:
     reward = env.reward if out is None else float(out)
     return AgentOutcome(reward=reward, terminated=env.terminated or not env.started,
                         success=env.success if env.started else reward > 0,
-                        env_steps=env.steps)
+                        env_steps=env.steps, info={"env_invalid_steps": env.invalid})
 
 
 async def _wait(awaitable: Any) -> Any:

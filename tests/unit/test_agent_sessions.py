@@ -151,3 +151,13 @@ def test_asking_again_with_nothing_new_extends_the_kept_ids(session):
     p2, _ = session.prompt({"messages": again})
     assert p2 == p1 + s1 + session.renderer.continuation(again, [])
     assert session.edits == 0
+
+
+def test_env_rejected_steps_count_as_invalid_actions(session):
+    session.prompt({"messages": [SYSTEM, TASK]})
+    reply(session, "Action: get 8 planks")
+    traj = session.trajectory(AgentOutcome(reward=0.0, info={"env_invalid_steps": 3}),
+                              Failure.NONE, trajectory_id="t", group_id="g", task_id="x",
+                              env_name="e", info={})
+    assert traj.info["invalid_actions"] == 1  # capped at the turns taken
+    assert traj.info["invalid_turns"] == []  # no malformed call
