@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from horizonrl.actors.agent_episodes import AgentEpisode, AgentEpisodes, episode_info
 from horizonrl.actors.agent_sessions import AgentSession, AgentSessions
@@ -19,7 +19,7 @@ from horizonrl.actors.episodes import Tally
 from horizonrl.actors.openai_server import AgentEndpoint, RequestQueue
 from horizonrl.actors.tool_calls import tool_parser
 from horizonrl.protos.messages import Renderer
-from horizonrl.protos.placement import node_ip
+from horizonrl.protos.placement import is_wildcard, node_ip
 
 if TYPE_CHECKING:
     from horizonrl.actors.generator import GeneratorActor, Task
@@ -37,10 +37,10 @@ class AgentRollout:
             self.sessions, self.requests, host=cfg.host, port=cfg.port,
             model=cfg.served_model_name, max_request_bytes=cfg.max_request_bytes,
             request_timeout_s=cfg.request_timeout_s)
-        everywhere = cfg.host in ("0.0.0.0", "::")  # agents on other nodes need this node's IP
-        self.base_url = self.endpoint.base_url(node_ip() if everywhere else None)
+        # Bound to every interface: agents on other nodes reach it at this node's IP.
+        self.base_url = self.endpoint.base_url(node_ip() if is_wildcard(cfg.host) else None)
 
-    def run(self, tasks: Sequence[Task], group_size: int, step: int, version: int,
+    def run(self, tasks: Sequence[Task], group_size: int, step: int,
             per_env: dict[str, int], horizon: int, tally: Tally) -> list[str]:
         """Every episode of `tasks` (group_size each) played by the user's agent; returns the
         ids pushed."""
@@ -98,9 +98,3 @@ class AgentRollout:
         gen._sends.append(gen.sender.send_async(trajs))  # rollout() waits for them
         tally.transport += time.perf_counter() - t0
         return [t.trajectory_id for t in trajs]
-
-    def close(self) -> None:
-        self.endpoint.close()
-
-    def stats(self) -> dict[str, Any]:
-        return {"base_url": self.base_url, "open_episodes": len(self.sessions)}

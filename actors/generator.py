@@ -188,8 +188,7 @@ class GeneratorActor:
         self._loads = 0
         try:
             if self.agents is not None:
-                sent = self.agents.run(tasks, group_size, step, version, per_env, horizon,
-                                       tally)
+                sent = self.agents.run(tasks, group_size, step, per_env, horizon, tally)
             elif self.cfg.loop == "independent":
                 sent = self._independent(tasks, group_size, step, version, per_env, horizon,
                                          tally)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Self
 
 import grpc
 
-from horizonrl.learner.ingest_guard import Health, TokenCheck, is_loopback, is_wildcard
+from horizonrl.learner.ingest_guard import Health, TokenCheck, is_loopback
 from horizonrl.learner.ingest_stream import (
     STAT_OF,
     Entry,
@@ -49,6 +49,7 @@ from horizonrl.learner.recent_ids import RecentIds
 from horizonrl.protos import health_pb2_grpc, trajectory_pb2
 from horizonrl.protos.batch_wire import split_batch
 from horizonrl.protos.codec import ChunkError, decode, from_proto
+from horizonrl.protos.placement import is_wildcard
 from horizonrl.protos.trajectory import Trajectory
 
 if TYPE_CHECKING:

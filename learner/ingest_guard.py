@@ -15,11 +15,6 @@ _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _Serving = health_pb2.HealthCheckResponse.ServingStatus
 
 
-def is_wildcard(host: str) -> bool:
-    """An address that binds every interface ("", 0.0.0.0, ::)."""
-    return host.strip("[]") in ("", "0.0.0.0", "::")
-
-
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 and localhost: addresses no other machine can reach."""
     import ipaddress

@@ -29,6 +29,11 @@ CustomResources = Annotated[dict[str, float], AfterValidator(_check)]
 """{resource name: amount per actor} on top of the role's CPUs and GPUs."""
 
 
+def is_wildcard(host: str) -> bool:
+    """An address that binds every interface ("", 0.0.0.0, ::)."""
+    return host.strip("[]") in ("", "0.0.0.0", "::")
+
+
 def node_ip() -> str:
     """The IP of the Ray node this process runs on (127.0.0.1 outside Ray)."""
     import ray

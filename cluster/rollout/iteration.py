@@ -20,7 +20,8 @@ from horizonrl.cluster.config import RunConfig, dump_config
 from horizonrl.cluster.ops.prometheus import repeated_action_rate
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.learner.config import IngestConfig, LearnerConfig
-from horizonrl.learner.ingest import TrajectoryIngest, is_wildcard
+from horizonrl.learner.ingest import TrajectoryIngest
+from horizonrl.protos.placement import is_wildcard
 from horizonrl.protos.reports import RolloutReport, all_ids
 from horizonrl.protos.trajectory import Failure, Trajectory
 
