@@ -32,6 +32,13 @@ class VLLMEngine:
 
         if enforce_eager is None:  # compiling on CPU took 79 s and was not faster
             enforce_eager = not torch.cuda.is_available()
+        if enforce_eager and not torch.cuda.is_available():
+            # Eager on CPU, yet vLLM's sampler still torch.compiles its logprob-rank count on
+            # the first generate: ~2 s of CPU in every new generator for an integer count that
+            # eager computes the same (docs/engine/start.json).
+            import torch._dynamo
+
+            torch._dynamo.config.disable = True
 
         self.stop_token_ids = list(stop_token_ids)
         self.prefix_caching = prefix_caching

@@ -27,7 +27,7 @@ from horizonrl.envpool.pool import EnvError, EnvPool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-PER_TASK = 10  # eval instances per task through the pool; the slow test runs 40
+PER_TASK = 5  # eval instances per task through the pool; the slow test runs 40
 RANDOM_TURNS = 5
 HORIZONRL = Path(sys.executable).parent / "horizonrl"
 
