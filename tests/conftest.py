@@ -19,12 +19,6 @@ os.environ.update(LOCAL_RAY_ENV)
 # each gets a Ray temp dir of its own, so no worker's Ray finds another's files there.
 if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("RAY_TMPDIR", f"/tmp/ray-{_worker}")
-    # And its share of the cores for OpenMP (torch's threads here and in what a test starts:
-    # CLI runs, a first-use model build, in-process engines; Ray's actors get theirs from
-    # their num_cpus). With all cores each, a model build's threads beside a 2-rank DeepSpeed
-    # test took the cores the ranks waited for: 235 s for a test that takes 14 s alone.
-    _share = (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 
 ROOT = Path(__file__).resolve().parents[1]
