@@ -51,13 +51,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=3, help="processes per case")
     p.add_argument("--generates", type=int, default=5, help="batches per process")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="the results file (required but in a child)")
     p.add_argument("--case", choices=["compiled", "eager"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.case:  # the child: one case, its figures on the last line
         print(json.dumps(one_case(args.model, args.case == "compiled", args.generates)))
         return
+    if not args.out:
+        p.error("--out is required")
 
     from horizonrl.cluster.config import load_config
     from horizonrl.cluster.model.load import ensure_model
@@ -69,7 +71,7 @@ def main() -> None:
         for case in runs:
             out = subprocess.run(
                 [sys.executable, "-m", "bench.engine_start", "--case", case, "--model", model,
-                 "--generates", str(args.generates), "--out", "-"],
+                 "--generates", str(args.generates)],
                 cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
             runs[case].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"[engine_start] {i + 1}/{args.repeats} {case}: {runs[case][-1]}", flush=True)
