@@ -25,6 +25,33 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_MODEL = {"transcripts": 300, "pretrain_steps": 4, "batch_size": 8, "seed": 0}
 # The code a built model depends on: a change to any of it builds the test model again.
 MODEL_SOURCES = ("cluster/model", "envpool", "protos")
+# The embedded default's tiny model as the suite builds it: the default config's settings with
+# a shorter pre-training, added to the overrides of every test that runs the default config.
+# The default's own build (6,000 transcripts, 600 steps) costs about 360 CPU-seconds on its first
+# use, and a 2-rank DeepSpeed test beside it ran 16x slower (222 s against 14 s); this one builds
+# in about 40 s on 2 cores, and on 32 eval tasks of GoToRedBall it succeeds as often as the
+# default's (0.28 at horizon 3 for both, `horizonrl eval --tasks 32`, 2026-12-06). `make train`
+# builds and trains the default's own.
+SUITE_MODEL = ("model.tiny.transcripts=2000", "model.tiny.pretrain_steps=200",
+               "model.tiny.batch_size=16")
+# The learner on one DeepSpeed rank, for whole-stack tests of the rollout side (horizon
+# broadcast, async staleness, partial rollouts, metrics, agent endpoint) and for the CLI's
+# sft/rs/dpo on a run's trajectories: a rank's start costs about 5 CPU-seconds, and in every
+# collective two ranks wait for each other to be scheduled while the other test worker holds
+# the cores. Two ranks keep their own whole-stack tests (test_training_loop,
+# test_window_context_loop, test_learner_group, the CLI's train runs, the chaos tests).
+ONE_RANK = "learner.world_size=1"
+
+
+def suite_model() -> Path:
+    """The folder of the suite's default-config model (SUITE_MODEL), built on first use into
+    .cache/models like any tiny model, under the lock every test worker and CLI run shares."""
+    from horizonrl.cluster.config import load_config
+    from horizonrl.cluster.model.load import ensure_model
+
+    cfg = load_config(ROOT / "configs/babyai-local.yaml",
+                      [*SUITE_MODEL, f"model.cache_dir={ROOT / '.cache/models'}"])
+    return ensure_model(cfg.model, env=cfg.env)
 
 
 @pytest.fixture(scope="session")

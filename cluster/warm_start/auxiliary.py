@@ -18,6 +18,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +48,17 @@ def read_trajectories(source: str | Path) -> list[Trajectory]:
     return out
 
 
-def build_data(kind: str, source: str, cfg: RunConfig, model_path: str) -> list[Any]:
-    """Examples (sft, rs) or pairs (dpo) from `source`."""
+def build_data(kind: str, source: str, cfg: RunConfig,
+               model_path: Callable[[], str]) -> list[Any]:
+    """Examples (sft, rs) or pairs (dpo) from `source`. `model_path` is called only for chat
+    conversations, which need the model's tokenizer; trajectories carry their token ids."""
     from horizonrl.learner import auxiliary as aux
 
     if kind == "sft" and Path(source).is_file() and _is_conversations(Path(source)):
         from horizonrl.envpool.registry import env_spec
         from horizonrl.protos.chat import ChatFormat, load_tokenizer
 
-        chat = ChatFormat(load_tokenizer(model_path))
+        chat = ChatFormat(load_tokenizer(model_path()))
         data = aux.sft_examples_from_jsonl(
             source, chat, max_tokens=cfg.generator.max_context_tokens,
             default_system=env_spec(cfg.env.name).system_prompt)
@@ -93,8 +96,12 @@ def run_auxiliary(kind: str, cfg: RunConfig, *, data: str, out: str | Path, step
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
-    model_path = model or str(ensure_model(cfg.model, env=cfg.env))
-    items = build_data(kind, data, cfg, model_path)[:max_examples]
+
+    def resolve() -> str:  # after the data is read: bad data is an error before any model build
+        return model or str(ensure_model(cfg.model, env=cfg.env))
+
+    items = build_data(kind, data, cfg, resolve)[:max_examples]
+    model_path = resolve()
     need = max(batch_size, cfg.learner.world_size)
     if len(items) < need:
         raise ValueError(f"{kind}: {len(items)} examples in {data}, need at least {need}")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import suite_model
 
 from horizonrl.cluster.config import load_config
 
@@ -24,14 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_model() -> str:
-    """The embedded default's pre-trained tiny model (built on first use, then cached), so
-    groups have successes and updates happen. Passed as model.path: the fault-injecting env
-    must never be used to build a model (its fault would fire in the builder)."""
-    from horizonrl.cluster.config import ModelConfig
-    from horizonrl.cluster.model.load import ensure_model
-    from horizonrl.envpool.config import EnvConfig
-
-    return str(ensure_model(ModelConfig(), env=EnvConfig()))
+    """The default config's tiny model as the suite builds it (conftest.SUITE_MODEL: built on
+    first use, then cached), so groups have successes and updates happen. Passed as
+    model.path: the fault-injecting env must never be used to build a model (its fault would
+    fire in the builder)."""
+    return str(suite_model())
 
 
 def _cfg(tmp_path, fault: dict | None = None, *extra: str):

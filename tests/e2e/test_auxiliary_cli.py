@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ONE_RANK, SUITE_MODEL
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,8 +22,9 @@ CLI = [sys.executable, "-m", "horizonrl.cluster.cli"]
 def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = subprocess.run(
-        [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=aux", "iterations=3",
-         "metrics.port=0", f"run_root={root}", "checkpoint_every=0", "save_trajectories=true",
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "name=aux",
+         "iterations=3", "metrics.port=0", f"run_root={root}", "checkpoint_every=0",
+         "save_trajectories=true",
          "generator.tasks_per_step=6", "generator.group_size=6", "env.replicas_per_actor=36"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -38,7 +40,7 @@ def _aux(kind: str, run_dir: Path, out: Path, *extra: str) -> list[dict]:
          "configs/babyai-local.yaml", "--steps", "12", "--batch-size", "8",
          # A fixed small set, revisited: the loss must fall as the model fits it (on fresh
          # samples of its own policy the NLL is already near its entropy).
-         "--max-examples", "12", "learner.lr=1e-3",
+         "--max-examples", "12", *SUITE_MODEL, ONE_RANK, "learner.lr=1e-3",
          "learner.warmup_steps=0", *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_MODEL
 
 from horizonrl.protos.precision import bf16_native, learner_dtype
 
@@ -52,7 +53,7 @@ def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp
     """A local Ray of 1 CPU for actors that need 2.5: instead of hanging on the first actor
     that cannot be placed, the run waits the configured 2 s, then stops naming the shortfall."""
     out = subprocess.run(
-        [*CLI, "train", "--config", "configs/babyai-local.yaml", "ray.num_cpus=1",
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "ray.num_cpus=1",
          "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
@@ -63,8 +64,8 @@ def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp
 
 def test_train_cli_writes_run_dir(tmp_path):
     out = subprocess.run(
-        [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=e2e", "iterations=2",
-         "metrics.port=0",
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "name=e2e",
+         "iterations=2", "metrics.port=0",
          f"run_root={tmp_path}", "checkpoint_every=1", "generator.tasks_per_step=2",
          "generator.group_size=4", "env.replicas_per_actor=8"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
@@ -121,6 +122,7 @@ def test_train_cli_writes_run_dir(tmp_path):
     assert diff < PROBE_TOL[dtype]
 
 
+@pytest.mark.slow  # a whole run stopped mid-way (~35 s): with the kill-and-resume tests
 def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path):
     """A pod's termination notice (SIGTERM) ends the run cleanly: the running iteration
     finishes, a checkpoint is written, the ledger closes reconciled, exit code 0."""
@@ -128,8 +130,8 @@ def test_sigterm_stops_after_the_iteration_with_a_checkpoint(tmp_path):
     import time
 
     proc = subprocess.Popen(
-        [*CLI, "train", "--config", "configs/babyai-local.yaml", "name=term", "iterations=200",
-         "metrics.port=0", f"run_root={tmp_path}", "checkpoint_every=0",
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "name=term",
+         "iterations=200", "metrics.port=0", f"run_root={tmp_path}", "checkpoint_every=0",
          "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})

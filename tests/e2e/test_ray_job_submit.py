@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import SUITE_MODEL
 
 from horizonrl.cluster.ops.runtime import LOCAL_RAY_ENV
 
@@ -65,11 +66,12 @@ def ray_head(free_port):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.slow  # a Ray head of its own, its job agent and a whole run (~40-50 s)
 def test_job_submit_trains_and_writes_metrics(ray_head, tmp_path):
     address, env = ray_head
     cmd = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", ".",
            "--runtime-env", "deploy/runtime_env.yaml", "--",
-           "horizonrl", "train", "--config", "configs/babyai-local.yaml", "name=job",
+           "horizonrl", "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "name=job",
            "iterations=2", f"run_root={tmp_path}", "metrics.port=0", "checkpoint_every=0",
            f"model.cache_dir={ROOT / '.cache/models'}", "generator.tasks_per_step=2",
            "generator.group_size=4", "env.replicas_per_actor=8"]

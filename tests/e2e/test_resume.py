@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos,  # the driver SIGKILL case
               pytest.mark.slow]  # about a minute: with the other chaos cases, in CI's slow set
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _cmd(run_root: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "horizonrl.cluster.cli",
-            "train", "--config", "configs/babyai-local.yaml",
+            "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL,
             "name=resume", "iterations=10", "metrics.port=0",
             f"run_root={run_root}", "checkpoint_every=2",
             "generator.tasks_per_step=2", "generator.group_size=2", "env.replicas_per_actor=4",

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_MODEL
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _cmd(run_root: Path, iterations: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "horizonrl.cluster.cli",
-            "train", "--config", "configs/babyai-local.yaml",
+            "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL,
             "name=ws", f"iterations={iterations}", "metrics.port=0", f"run_root={run_root}",
             "checkpoint_every=0", "generator.tasks_per_step=2", "generator.group_size=4",
             "env.replicas_per_actor=8", "init.sft_epochs=2", "init.demo_episodes=24",

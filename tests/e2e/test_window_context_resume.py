@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_MODEL
 
 from horizonrl.protos.codec import from_json_line
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _train(run_root: Path, iterations: int, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "horizonrl.cluster.cli",
-           "train", "--config", "configs/babyai-local.yaml",
+           "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL,
            "name=winasync", f"iterations={iterations}", "metrics.port=0", f"run_root={run_root}",
            "checkpoint_every=1", "mode=async", "save_trajectories=true",
            "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8",

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import async_steps
+from conftest import ONE_RANK, async_steps
 
 from horizonrl.actors.agent_episodes import AgentEpisode, AgentEpisodes, episode_info
 from horizonrl.actors.agent_sessions import AgentSession, AgentSessions
@@ -216,7 +216,7 @@ def test_the_example_agent_trains_through_the_endpoint(tmp_path, tiny_model_path
     from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/textcraft-local.yaml", [
-        "name=agents", "iterations=2", "metrics.port=0", f"run_root={tmp_path}",
+        ONE_RANK, "name=agents", "iterations=2", "metrics.port=0", f"run_root={tmp_path}",
         "checkpoint_every=0", f"model.path={tiny_model_path}",
         f"agent.callable={EXAMPLE}:play_concise", "env.in_process=true",
         "env.kwargs={depths: [1]}", "env.replicas_per_actor=8", "generator.tasks_per_step=2",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ONE_RANK, SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
@@ -20,6 +21,7 @@ def test_async_staleness_bound_and_importance_weights(tmp_path):
     from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        *SUITE_MODEL, ONE_RANK,
         "name=async", "iterations=4", "metrics.port=0", f"run_root={tmp_path}",
         "mode=async", "max_staleness=1", "env.replicas_per_actor=16",
         "generator.tasks_per_step=4", "generator.group_size=4", "curriculum.horizons=[3]",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import ONE_RANK, SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
@@ -20,6 +21,7 @@ def test_horizon_reaches_both_generators_and_a_restarted_one(tmp_path, capsys):
     from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        *SUITE_MODEL, ONE_RANK,
         "name=bcast", "iterations=3", "metrics.port=0",
         f"run_root={tmp_path}", "generator.num_generators=2",
         "generator.tasks_per_step=4", "generator.group_size=2", "env.replicas_per_actor=8",
@@ -69,6 +71,7 @@ def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
     from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        *SUITE_MODEL, ONE_RANK,
         "name=envh", "iterations=2", "metrics.port=0", f"run_root={tmp_path}",
         "generator.tasks_per_step=6", "generator.group_size=2", "env.replicas_per_actor=12",
         'extra_envs=[{name: deepsearch, kwargs: {hops: [2]}, replicas_per_actor: 12}]',
@@ -98,6 +101,7 @@ def test_more_episodes_than_replicas_run_in_waves(tmp_path):
     from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        *SUITE_MODEL, ONE_RANK,
         "name=waves", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
         "generator.tasks_per_step=5", "generator.group_size=2", "env.replicas_per_actor=4",
         "curriculum.horizons=[3]", "learner.minibatches=1"])

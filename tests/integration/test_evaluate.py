@@ -13,6 +13,8 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # two evaluations, each with its own Ray and vLLM (~40 s); the default set's
+# training-loop test runs the periodic evaluation on the whole stack
 def test_evaluation_is_reproducible(tiny_model_path, tmp_path, monkeypatch):
     """Twice, the second time with the run's ingest token set (the ingest then refuses a
     generator that does not send it): the same numbers both times."""

@@ -6,6 +6,7 @@ is lock-step, `generator.loop=independent` chooses this one)."""
 from __future__ import annotations
 
 import pytest
+from conftest import ONE_RANK, SUITE_MODEL
 
 from horizonrl.actors.episodes import Episode, IndependentEpisodes
 from horizonrl.actors.rollout import AgentLoop
@@ -66,6 +67,7 @@ def test_learner_scores_the_independent_loops_trajectories_as_recorded(tmp_path)
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs/babyai-local.yaml", [
+        *SUITE_MODEL, ONE_RANK,
         "name=indep", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
         "checkpoint_every=0", "generator.loop=independent", "generator.max_episodes_in_flight=6",
         "env.replicas_per_actor=8", "generator.tasks_per_step=3", "generator.group_size=4",

@@ -45,6 +45,7 @@ def test_two_ranks_get_two_gpus_from_ray(tiny_model_path, tokenizer):
     assert devices == [None, None]  # no CUDA here: the ranks trained on CPU
 
 
+@pytest.mark.slow  # two vLLM engines (~30 s); the ranks' GPU check above stays in the default set
 def test_two_generators_get_two_gpus_from_ray(tiny_model_path):
     """Each generator actor sees exactly the GPU Ray reserved for it, first among the visible
     devices (where vLLM builds its engine), and two generators never share one."""

@@ -305,6 +305,7 @@ with ray_session(RayConfig(num_cpus=2)):
 """
 
 
+@pytest.mark.slow  # a second process with its own Ray and 2 ranks (~35 s); like the resume set
 def test_resume_in_a_new_process_continues_exactly(ray_local, batches, tiny_model_path,
                                                    tokenizer, tmp_path):
     group = _group(learner_cfg(), tiny_model_path, tokenizer)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import async_steps
+from conftest import ONE_RANK, SUITE_MODEL, async_steps
 
 from horizonrl.actors.policy_board import PolicyBoard
 
@@ -54,6 +54,7 @@ def test_an_episode_spans_a_weight_update_turn_by_turn(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs/babyai-local.yaml", [
+        *SUITE_MODEL, ONE_RANK,
         "name=partial", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
         "checkpoint_every=0", "mode=async", "generator.partial_rollouts=true",
         "env.replicas_per_actor=8", "generator.tasks_per_step=2", "generator.group_size=4",

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import ONE_RANK, SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
@@ -63,6 +64,7 @@ def test_every_dashboard_query_returns_data(tmp_path, free_port):
     from horizonrl.cluster.train.driver import Trainer
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        *SUITE_MODEL, ONE_RANK,
         "name=prom", "iterations=8", f"run_root={tmp_path}", "metrics.port=0",
         "generator.tasks_per_step=2", "generator.group_size=4", "env.replicas_per_actor=8",
         "learner.minibatches=1",

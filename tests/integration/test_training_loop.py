@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def cfg(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     return load_config(ROOT / "configs/babyai-local.yaml", [
+        *SUITE_MODEL,
         "name=it", "iterations=2", "metrics.port=0", f"run_root={root}", "checkpoint_every=0",
         "env.replicas_per_actor=16", "generator.tasks_per_step=4", "generator.group_size=4",
         "curriculum.horizons=[2, 3]", "curriculum.steps_per_stage=1",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
@@ -28,6 +29,7 @@ def test_rows_are_the_contexts_vllm_sampled_from(tmp_path):
     from horizonrl.learner.batch import pad_batch, turn_rows
 
     cfg = load_config(ROOT / "configs/babyai-local.yaml", [
+        *SUITE_MODEL,
         "name=window", "iterations=1", "metrics.port=0", f"run_root={tmp_path}",
         "checkpoint_every=0", "env.replicas_per_actor=16", "generator.tasks_per_step=4",
         "generator.group_size=4", "curriculum.horizons=[5]", "generator.context.mode=window",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_MODEL
 
 from bench.twohosts import TwoHosts, can_run
 
@@ -75,7 +76,8 @@ def test_the_cli_stops_with_exit_2_before_any_actor(cluster, tmp_path):
     hosts, _, _ = cluster
     out = hosts.run_on_a(
         [sys.executable, "-m", "horizonrl.cluster.cli", "train", "--config",
-         "configs/babyai-local.yaml", f"ray.address={hosts.address}", "metrics.port=0",
+         "configs/babyai-local.yaml", *SUITE_MODEL, f"ray.address={hosts.address}",
+         "metrics.port=0",
          f"model.cache_dir={ROOT / '.cache/models'}", f"run_root={tmp_path / 'runs'}"],
         cwd=ROOT, timeout=600)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SUITE_MODEL
 
 from bench.twohosts import TwoHosts, can_run
 
@@ -36,7 +37,7 @@ def storage(tmp_path) -> Path:
     for d in NODE_LOCAL:
         d.mkdir(exist_ok=True)
     cfg = load_config(ROOT / "configs/multinode-local.yaml",
-                      [f"model.cache_dir={ROOT / '.cache/models'}"])
+                      [*SUITE_MODEL, f"model.cache_dir={ROOT / '.cache/models'}"])
     base = ensure_model(cfg.model, env=cfg.env)
     shutil.copytree(base, tmp_path / "storage" / "models" / base.name)
     return tmp_path / "storage"
@@ -44,7 +45,7 @@ def storage(tmp_path) -> Path:
 
 def _args(hosts: TwoHosts, storage: Path) -> list[str]:
     return [f"ray.address={hosts.address}", "metrics.port=0", f"run_root={storage / 'runs'}",
-            f"model.cache_dir={storage / 'models'}"]
+            f"model.cache_dir={storage / 'models'}", *SUITE_MODEL]
 
 
 def _train(hosts: TwoHosts, storage: Path, *extra: str):

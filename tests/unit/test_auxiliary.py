@@ -116,6 +116,10 @@ def test_rejection_sampling_dedups_within_group_only():
     assert [e.input_ids for e in out] == [(1, 2, 5, 6), (1, 2, 5, 7), (1, 2, 5, 6)]
 
 
+def _no_model() -> str:
+    raise AssertionError("trajectories carry their token ids: no model should be built for them")
+
+
 def test_offline_rs_masks_invalid_turns_like_the_online_learner(tmp_path):
     from dataclasses import replace
 
@@ -129,7 +133,7 @@ def test_offline_rs_masks_invalid_turns_like_the_online_learner(tmp_path):
     data.write_text(to_json_line(two_turns) + "\n")
     for mask, want in ((False, [0, 0, 1, 0, 1, 1]), (True, [0, 0, 0, 0, 1, 1])):
         cfg = load_config(None, [f"learner.mask_invalid_turns={str(mask).lower()}"])
-        (example,) = build_data("rs", str(data), cfg, model_path="unused")
+        (example,) = build_data("rs", str(data), cfg, model_path=_no_model)
         assert list(example.loss_mask) == want, mask
 
 

@@ -63,6 +63,18 @@ def test_mismatch_figures_by_hand():
     assert all(v.item() == 0.0 for v in zero.values())
 
 
+def test_mismatch_kl_of_near_equal_logprobs_is_small_and_never_negative():
+    """Logprobs 1e-6..1e-4 apart (vLLM and the learner on the same weights): k3 is lr^2 / 2 per
+    token, far below float32's rounding of exp(lr) - 1, which made it negative before."""
+    gen = torch.Generator().manual_seed(0)
+    behaviour = -torch.rand(64, 32, generator=gen) * 5
+    for scale in (1e-6, 1e-5, 1e-4):
+        learner = behaviour + torch.randn(64, 32, generator=gen) * scale
+        lr = (learner - behaviour).double()
+        kl = mismatch_stats(learner, behaviour, torch.ones(64, 32))["mismatch_kl"].item()
+        assert 0 <= kl == pytest.approx((lr ** 2 / 2).mean().item(), rel=1e-3)
+
+
 def test_policy_objective_gives_a_masked_row_no_policy_loss():
     cfg = LearnerConfig(kl_coef=0.0)
     logits = torch.randn(2, 3, 7)
