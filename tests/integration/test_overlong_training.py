@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import suite_model
 
 from horizonrl.cluster.config import load_config
 
@@ -29,11 +28,18 @@ PENALTY = 0.5
 
 @pytest.fixture(scope="module")
 def acting_model() -> Path:
-    """A tiny model pre-trained long enough to name a valid BabyAI action now and then (the
-    suite's build of the default config's, conftest.SUITE_MODEL); the session's
-    `tiny_model_path` (4 steps) never does, so with it every episode is cut and no penalised
-    episode reaches an update."""
-    return suite_model()
+    """A tiny model pre-trained long enough (100 steps) to name a valid BabyAI action now and
+    then; the session's `tiny_model_path` (4 steps) never does, so with it every episode is
+    cut and no penalised episode reaches an update. The suite's default-config model
+    (conftest.SUITE_MODEL) acts too well here: with it no eval episode was cut. Built into the
+    repo's model cache once (1-2 min on 2 cores)."""
+    from horizonrl.cluster.config import ModelConfig, TinyModelConfig
+    from horizonrl.cluster.model.load import ensure_model
+    from horizonrl.envpool.config import EnvConfig
+
+    tiny = TinyModelConfig(transcripts=300, pretrain_steps=100, batch_size=16)
+    return ensure_model(ModelConfig(tiny=tiny, cache_dir=str(ROOT / ".cache/models")),
+                        env=EnvConfig())
 
 
 def _config(mode: str, root: Path, model: Path):
