@@ -108,7 +108,7 @@ def test_ray_job_submit_to_host_a_runs_the_same_config(tmp_path, storage):
                # No resources for the env actors: they follow their generator to host B
                # (env.colocate) though host A has room for them.
                "env.resources={}", f"run_root={storage / 'runs'}",
-               f"model.cache_dir={storage / 'models'}", "metrics.port=0"]
+               f"model.cache_dir={storage / 'models'}", "metrics.port=0", *SUITE_MODEL]
         out = hosts.run_on_a(cmd, cwd=ROOT, timeout=1200)
         a, b = hosts.ips
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
