@@ -119,7 +119,8 @@ def mismatch_stats(learner_logprobs: Tensor, behaviour_logprobs: Tensor, mask: T
     # r - 1 - log r is lr^2 / 2 at near-equal logprobs (1e-10 at 1e-5 apart), below the
     # rounding of exp(lr) - 1 in float32: in float64 via expm1, and clamped per token, it
     # stays the non-negative estimate it is (it read -5.5e-11 on equal weights before).
-    k3 = (torch.expm1(lr.double()) - lr.double()).clamp_min(0) * m
+    d = lr.double()
+    k3 = (torch.expm1(d) - d).clamp_min(0) * m
     out = {"mismatch_log_ratio_abs_mean": lr.abs().sum() / n,
            "mismatch_log_ratio_abs_max": lr.abs().max() if m.any() else torch.zeros(()),
            "mismatch_kl": (k3.sum() / n).to(lr.dtype)}
