@@ -65,21 +65,28 @@ train: install
 
 # The suite drives a JVM (SciWorld) and Chromium (MiniWoB++): install-dev brings them (as root).
 # Test modules run on TEST_WORKERS processes side by side (pytest-xdist), a module's tests
-# on one worker, so the fixtures a module shares stay shared. The fuzz tests run after, in
-# one process: schemathesis makes an item per API operation, which pytest-xdist's workers
-# do not see.
+# on one worker, so the fixtures a module shares stay shared; modules in the order
+# tests/conftest.py gives them (whole-stack first), not by their number of tests. The fuzz
+# tests run beside them in one more process, their output shown after: schemathesis makes an
+# item per API operation, which pytest-xdist's workers do not see.
 TEST_WORKERS ?= 2
+FUZZ_LOG := .cache/fuzz-tests.log
 test: install-dev
-	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile \
-	  -m "not slow and not fuzz" tests
-	$(PY) -m pytest -q -m "fuzz and not slow" tests
+	@mkdir -p .cache
+	$(PY) -m pytest -q -p no:cacheprovider -m "fuzz and not slow" tests > $(FUZZ_LOG) 2>&1 & \
+	fuzz=$$!; \
+	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m "not slow and not fuzz" tests; rc=$$?; \
+	wait $$fuzz; frc=$$?; echo "--- fuzz tests (beside the others):"; cat $(FUZZ_LOG); \
+	test $$rc -eq 0 -a $$frc -eq 0
 
 test-all: install-dev
 	$(PY) -m pytest -q tests
 
 # Only the slow set (what `make test` leaves out); CI runs it after `make test`.
 test-slow: install-dev
-	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile -m slow tests
+	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m slow tests
 
 # Faults injected into the real stack, each ending with a reconciled trajectory ledger.
 test-chaos: install

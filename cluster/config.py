@@ -115,7 +115,8 @@ class RayConfig(BaseModel):
 
     address: str | None = Field(
         None, description="Existing cluster (e.g. 'auto' under ray job submit). Unset: start a "
-        "private local Ray on 127.0.0.1 and stop it at the end.",
+        "private local Ray on 127.0.0.1 and stop it at the end (a Ray the process already "
+        "joined with ray.init is used as it is and left running).",
     )
     num_cpus: int = Field(
         4, ge=1, description="Logical CPUs of a local Ray: a scheduling budget, not cores; in "

@@ -81,6 +81,106 @@ def tokenizer(tiny_model_path: Path):
     return load_tokenizer(tiny_model_path)
 
 
+class SharedRay:
+    """One local Ray per test process for the test modules that request `shared_ray`: their
+    own `ray_session` calls join it (a Ray start and stop costs about 5 CPU-seconds, and the
+    default suite had some 30). It is stopped when a test ends with fewer CPUs free than it
+    began with (an actor or placement group of its own still alive), so no test finds another's
+    leftovers, and before a test that starts or joins a Ray of its own (marked `own_ray`,
+    chaos or multinode)."""
+
+    def __init__(self) -> None:
+        self.session = None
+        self.starts = 0
+
+    def owned(self) -> bool:
+        import ray
+
+        if self.session is not None and not ray.is_initialized():
+            self.session = None  # a test shut it down itself
+        return self.session is not None
+
+    def up(self) -> None:
+        import ray
+
+        from horizonrl.cluster.config import RayConfig
+        from horizonrl.cluster.ops.runtime import ray_session
+
+        if self.owned() or ray.is_initialized():  # ours, or someone else's: left alone
+            return
+        self.session = ray_session(RayConfig())  # the config's default: 4 logical CPUs
+        self.session.__enter__()
+        self.starts += 1
+
+    def down(self) -> None:
+        if self.owned():
+            session, self.session = self.session, None
+            session.__exit__(None, None, None)
+
+    def free_cpus(self) -> float | None:
+        import ray
+
+        return ray.available_resources().get("CPU", 0.0) if self.owned() else None
+
+    def settle(self, free: float, timeout_s: float = 30.0) -> None:
+        """Wait until `free` CPUs are free again (actor kills land asynchronously), else stop."""
+        import gc
+
+        deadline = time.monotonic() + timeout_s
+        if (now := self.free_cpus()) is not None and now < free:
+            gc.collect()  # actors whose last handle sits in garbage end with the handle
+        while (now := self.free_cpus()) is not None and now < free:
+            if time.monotonic() > deadline:
+                print(f"\n[shared Ray] {free - now:g} CPUs still taken after the test: "
+                      "stopping it", flush=True)
+                self.down()
+                return
+            time.sleep(0.2)
+
+
+SHARED_RAY = SharedRay()
+
+
+@pytest.fixture(scope="module")
+def shared_ray():
+    """The process's shared local Ray (SharedRay), started on first use; every CPU free again
+    when the module ends."""
+    import ray
+
+    SHARED_RAY.up()
+    yield
+    if SHARED_RAY.owned():
+        SHARED_RAY.settle(ray.cluster_resources().get("CPU", 0.0))
+
+
+@pytest.fixture(autouse=True)
+def _ray_per_test(request):
+    """A test that starts or joins a Ray of its own never finds the shared one running; a test
+    on the shared one gives back every CPU it took."""
+    if any(request.node.get_closest_marker(m) for m in ("own_ray", "chaos", "multinode")):
+        SHARED_RAY.down()
+    before = SHARED_RAY.free_cpus()
+    yield
+    if before is not None:
+        SHARED_RAY.settle(before)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Whole-stack modules (tests/e2e, tests/integration) first, in their own order, the short
+    unit modules last: the test workers (`-n 2 --dist loadfile --no-loadscope-reorder`) take
+    modules in this order, so the small ones fill in at the end and the workers end together
+    (xdist's own order, most tests first, ran the unit modules first and left one worker
+    idle for up to 50 s at the end)."""
+    rank = {"e2e": 0, "integration": 1}
+    items.sort(key=lambda item: rank.get(item.path.parent.name, 2))  # stable: modules stay whole
+
+
+def pytest_sessionfinish(session, exitstatus):
+    SHARED_RAY.down()
+    if SHARED_RAY.starts:
+        print(f"\n[shared Ray] started {SHARED_RAY.starts} time(s) in this test process")
+
+
 @pytest.fixture()
 def free_port() -> Callable[[], int]:
     """A function giving a free TCP port on 127.0.0.1 (bound and released at once)."""

@@ -77,9 +77,16 @@ def link_worker_logs(run_dir: Path) -> Path | None:
 
 @contextmanager
 def ray_session(cfg: RayConfig) -> Iterator[None]:
-    """Join `cfg.address` (or RAY_ADDRESS under `ray job submit`), else run a local Ray."""
+    """Join `cfg.address` (or RAY_ADDRESS under `ray job submit`), else run a local Ray. A Ray
+    this process has already joined (a notebook's or a test session's `ray.init`) is used as it
+    is and left running: it is its starter's to stop."""
     import ray
 
+    if ray.is_initialized():
+        log.info("using the Ray this process already joined (%s CPUs); cfg.ray is not applied",
+                 ray.cluster_resources().get("CPU", 0))
+        yield
+        return
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=cfg.log_to_driver)

@@ -22,8 +22,8 @@ CLI = [sys.executable, "-m", "horizonrl.cluster.cli"]
 def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = subprocess.run(
-        [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "name=aux",
-         "iterations=3", "metrics.port=0", f"run_root={root}", "checkpoint_every=0",
+        [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, ONE_RANK,
+         "name=aux", "iterations=3", "metrics.port=0", f"run_root={root}", "checkpoint_every=0",
          "save_trajectories=true",
          "generator.tasks_per_step=6", "generator.group_size=6", "env.replicas_per_actor=36"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,

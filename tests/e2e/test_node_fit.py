@@ -16,7 +16,7 @@ import pytest
 
 # Two raylets and a CLI run (~1 min): in the slow set; tests/unit/test_placement.py has the fast
 # checks of the per-node fit.
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -203,6 +203,7 @@ def test_bad_requests_get_clear_errors_and_a_vanished_agent_fails_only_its_episo
         assert seen["models"][1]["data"][0]["id"] == "horizonrl"
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_the_example_agent_trains_through_the_endpoint(tmp_path, tiny_model_path):
     """The whole stack (Ray, the generator's endpoint, gRPC push, DeepSpeed learner) with the
     example agent trimming its history: before any update the learner scores every sampled
@@ -259,6 +260,7 @@ def slow_concise(task):
 
 
 @pytest.mark.slow  # 45 s: four async steps with 1 s env steps
+@pytest.mark.usefixtures("shared_ray")
 def test_agent_turns_take_new_weights_in_async_mode(tmp_path, tiny_model_path, monkeypatch):
     """Async training with partial rollouts: an agent's episode in flight gets each newer
     policy at its next request; the staleness bound holds and the ledger reconciles."""

@@ -29,7 +29,7 @@ from horizonrl.envpool.agentgym_servers import (
     java_processes,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 SERVERS_DIR = default_servers_dir(ROOT)
 if not SERVERS_DIR.is_dir():

@@ -15,7 +15,7 @@ from horizonrl.cluster.config import load_config
 from horizonrl.protos.reports import RolloutReport
 from horizonrl.protos.trajectory import Trajectory
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 STEPWISE = ["mode=async", "curriculum.horizons=[2, 3]", "curriculum.boundaries=[1]"]
 

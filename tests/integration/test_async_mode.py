@@ -11,7 +11,7 @@ from conftest import ONE_RANK, SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 
 

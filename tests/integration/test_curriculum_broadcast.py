@@ -9,7 +9,7 @@ from conftest import ONE_RANK, SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -93,6 +93,7 @@ def test_per_env_horizons_reach_the_generator_and_bound_each_env(tmp_path):
     assert ds0 in (0, 1) and ds1 in (0, 2)
 
 
+@pytest.mark.slow  # a whole training for the split that tests/unit/test_generator_waves.py checks
 def test_more_episodes_than_replicas_run_in_waves(tmp_path):
     """An env pool smaller than a step's episodes (a weighted draw can give one env most of a
     step's groups) runs them in consecutive waves instead of failing; every episode arrives."""

@@ -18,7 +18,7 @@ from horizonrl.envpool.registry import env_spec
 from horizonrl.learner.auxiliary import sft_examples_from_trajectories
 from horizonrl.protos.chat import IM_END, IM_START
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 REPLY = re.compile(r"Thought: I will ([^\n]*)\.\nAction: \1" + re.escape(IM_END))
 MAZE = ["env.kwargs.level=BabyAI-GoToObjMaze-v0", "env.kwargs.expert=macro",
         "env.replicas_per_actor=8"]

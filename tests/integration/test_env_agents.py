@@ -23,7 +23,7 @@ from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.pool import EnvError, EnvPool
 from horizonrl.envpool.registry import EnvSpec, env_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.pool import EnvError, EnvPool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 
 def _sigkill(pid: int) -> None:

@@ -9,7 +9,7 @@ import pytest
 from horizonrl.cluster.config import load_config
 from horizonrl.envpool.config import EnvConfig
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 
 

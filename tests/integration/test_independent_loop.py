@@ -15,7 +15,7 @@ from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.pool import EnvPool
 from horizonrl.protos.chat import ChatFormat
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 TOL = 1e-4  # one engine, fp32: a batch of different composition sums in another order
 

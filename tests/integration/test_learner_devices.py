@@ -7,7 +7,7 @@ import pytest
 
 from horizonrl.learner.worker import local_gpu_ordinal
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.own_ray]  # ray.init with made-up GPUs
 
 
 def test_ordinal_is_the_place_of_the_assigned_gpu():

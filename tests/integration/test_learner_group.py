@@ -23,7 +23,7 @@ from horizonrl.learner.config import LearnerConfig
 from horizonrl.protos.precision import bf16_native, learner_dtype
 from horizonrl.protos.trajectory import Trajectory
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 # fp32 on both sides; DeepSpeed's partitioned gradient reductions sum in another order.
 LOSS_TOL = 1e-5

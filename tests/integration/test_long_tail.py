@@ -17,7 +17,7 @@ from horizonrl.cluster.config import load_config
 from horizonrl.protos.reports import RolloutReport
 from horizonrl.protos.trajectory import Trajectory
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 STRAGGLE_S = 4.0
 

@@ -25,7 +25,8 @@ from horizonrl.envpool.miniwob import format_action, parse_action, random_action
 from horizonrl.envpool.miniwob_tasks import TASKS
 from horizonrl.envpool.pool import EnvError, EnvPool
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600),
+              pytest.mark.usefixtures("shared_ray")]
 
 PER_TASK = 5  # eval instances per task through the pool; the slow test runs 40
 RANDOM_TURNS = 5

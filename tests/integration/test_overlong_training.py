@@ -20,7 +20,7 @@ import pytest
 from horizonrl.cluster.config import load_config
 
 # ~1.5 min for the two runs (and 1-2 min more the first time, to build the model).
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 ROOT = Path(__file__).resolve().parents[2]
 PENALTY = 0.5

@@ -13,7 +13,7 @@ from conftest import ONE_RANK, SUITE_MODEL, async_steps
 
 from horizonrl.actors.policy_board import PolicyBoard
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 TOL = 1e-4  # float32 on both sides (tests/integration/test_training_loop.py)
 
 

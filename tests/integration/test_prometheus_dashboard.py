@@ -16,7 +16,7 @@ from conftest import ONE_RANK, SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy/grafana/horizonrl.json"
 # Series only step-level estimators (GiGPO's anchor-state groups) set; the GRPO run below has

@@ -15,7 +15,7 @@ from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.pool import EnvError, EnvPool
 from horizonrl.envpool.registry import env_spec
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 EPISODES = int(os.environ.get("HORIZONRL_SCIWORLD_EPISODES", "200"))
 STEPS = 4  # random actions per episode after reset

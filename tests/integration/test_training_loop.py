@@ -16,7 +16,7 @@ from conftest import SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 # fp32 on both sides; vLLM's and HF's kernels differ in summation order only.
 LOGPROB_TOL = 1e-4

@@ -12,7 +12,7 @@ import pytest
 from horizonrl.actors.config import GeneratorConfig
 from horizonrl.learner.config import LearnerConfig
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-4  # fp32 on both sides; vLLM's prompt logprobs matched HF's to ~1e-6 before

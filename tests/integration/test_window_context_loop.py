@@ -15,7 +15,7 @@ from conftest import SUITE_MODEL
 
 from horizonrl.cluster.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
