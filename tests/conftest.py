@@ -166,13 +166,13 @@ def _ray_per_test(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Whole-stack modules (tests/e2e, tests/integration) first, in their own order, the short
-    unit modules last: the test workers (`-n 2 --dist loadfile --no-loadscope-reorder`) take
-    modules in this order, so the small ones fill in at the end and the workers end together
-    (xdist's own order, most tests first, ran the unit modules first and left one worker
-    idle for up to 50 s at the end)."""
-    rank = {"e2e": 0, "integration": 1}
-    items.sort(key=lambda item: rank.get(item.path.parent.name, 2))  # stable: modules stay whole
+    """Whole-stack modules (tests/e2e, then integration, chaos, multinode) first, in their own
+    order, the short unit modules last: the test workers (`-n 2 --dist loadfile
+    --no-loadscope-reorder`) take modules in this order, so the small ones fill in at the end
+    and the workers end together (xdist's own order, most tests first, ran the unit modules
+    first and left one worker idle for up to 50 s at the end)."""
+    rank = {"e2e": 0, "unit": 2}
+    items.sort(key=lambda item: rank.get(item.path.parent.name, 1))  # stable: modules stay whole
 
 
 def pytest_sessionfinish(session, exitstatus):

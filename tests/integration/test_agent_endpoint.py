@@ -260,7 +260,7 @@ def slow_concise(task):
 
 
 @pytest.mark.slow  # 45 s: four async steps with 1 s env steps
-@pytest.mark.usefixtures("shared_ray")
+@pytest.mark.own_ray  # its Ray's workers must start with the PYTHONPATH set below
 def test_agent_turns_take_new_weights_in_async_mode(tmp_path, tiny_model_path, monkeypatch):
     """Async training with partial rollouts: an agent's episode in flight gets each newer
     policy at its next request; the staleness bound holds and the ledger reconciles."""
