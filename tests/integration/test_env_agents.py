@@ -88,15 +88,6 @@ def run_agent(pool: EnvPool, spec: EnvSpec, policy: str, case: Case) -> float:
         pool.release(slots)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.ops.runtime import ray_session
-
-    with ray_session(RayConfig(num_cpus=2)):
-        yield
-
-
 def _pool(name: str, kwargs: dict, tasks: int) -> EnvPool:
     cfg = EnvConfig(name=name, kwargs=kwargs, num_actors=1, replicas_per_actor=tasks,
                     num_cpus_per_actor=0.5, call_timeout_s=120)
@@ -106,7 +97,7 @@ def _pool(name: str, kwargs: dict, tasks: int) -> EnvPool:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.env, marks=c.marks) for c in CASES])
-def test_scripted_and_random_agents_through_the_pool(ray_local, case: Case):
+def test_scripted_and_random_agents_through_the_pool(case: Case):
     pool = _pool(case.env, case.kwargs, case.tasks)
     oracle = run_agent(pool, env_spec(case.env), "oracle", case)
     rnd = run_agent(pool, env_spec(case.env), "random", case)
@@ -150,7 +141,7 @@ class EnvServer:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.env, marks=c.marks) for c in CASES])
-def test_same_agents_through_the_agentgym_http_protocol(ray_local, case: Case, free_port):
+def test_same_agents_through_the_agentgym_http_protocol(case: Case, free_port):
     """Served by `horizonrl env-server`, reached by pool replicas of `AgentGymHTTPEnv`; the
     agents still use the served env's own format and parser, as a model trained on it would."""
     server = EnvServer(case.env, case.kwargs, free_port())

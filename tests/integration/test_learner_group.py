@@ -119,15 +119,6 @@ def torch_reference(cfg: LearnerConfig, model_path: str, batches: list[list[Traj
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    from horizonrl.cluster.config import RayConfig
-    from horizonrl.cluster.ops.runtime import ray_session
-
-    with ray_session(RayConfig(num_cpus=2)):
-        yield
-
-
-@pytest.fixture(scope="module")
 def batches(tiny_model_path):
     return [toy_trajectories(str(tiny_model_path), s) for s in range(6)]
 
@@ -141,8 +132,7 @@ def _group(cfg: LearnerConfig, model_path, tokenizer):
 # ZeRO-2 (the default) runs in the default suite; stages 1 and 3 with the slow ones.
 @pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.slow), 2,
                                    pytest.param(3, marks=pytest.mark.slow)])
-def test_zero_stage_matches_torch_reference(ray_local, batches, tiny_model_path, tokenizer,
-                                            stage):
+def test_zero_stage_matches_torch_reference(batches, tiny_model_path, tokenizer, stage):
     cfg = learner_cfg(zero_stage=stage)
     group = _group(cfg, tiny_model_path, tokenizer)
     try:
@@ -162,9 +152,8 @@ def test_zero_stage_matches_torch_reference(ray_local, batches, tiny_model_path,
     # auto: this host's rule (bf16 where the CPU has AVX-512 BF16 or AMX), every rank alike.
     pytest.param({"dtype": "auto"}, BF16_LOSS_TOL if bf16_native("cpu") else LOSS_TOL,
                  marks=pytest.mark.slow)], ids=["checkpointing", "bf16", "auto"])
-def test_precision_and_checkpointing_match_the_fp32_reference(ray_local, batches,
-                                                               tiny_model_path, tokenizer, kw,
-                                                               tol):
+def test_precision_and_checkpointing_match_the_fp32_reference(batches, tiny_model_path,
+                                                               tokenizer, kw, tol):
     """Gradient checkpointing recomputes the same numbers; bf16 (DeepSpeed's bf16 mode on
     CPU, fp32 master weights) follows the fp32 losses within bf16 rounding."""
     cfg = learner_cfg(**kw)
@@ -183,8 +172,7 @@ def test_precision_and_checkpointing_match_the_fp32_reference(ray_local, batches
         assert diff > 1e-6, "bf16 gave fp32's losses exactly: it did not run in bf16"
 
 
-def test_micro_batches_and_layouts_give_the_same_update(ray_local, batches, tiny_model_path,
-                                                        tokenizer):
+def test_micro_batches_and_layouts_give_the_same_update(batches, tiny_model_path, tokenizer):
     """Gradient accumulation over token-budget micro-batches, bucketed and shared-prefix rows
     (learner.layout auto) dealt to ranks by tokens = one padded micro-batch per rank."""
     steps = [batches[0], batches[1], _windowed(batches[2]), _windowed(batches[3])]
@@ -201,7 +189,7 @@ def test_micro_batches_and_layouts_give_the_same_update(ray_local, batches, tiny
         assert math.isclose(a["loss"], b["loss"], abs_tol=LOSS_TOL), (a["loss"], b["loss"])
 
 
-def test_ppo_critic_value_loss_falls(ray_local, batches, tiny_model_path, tokenizer):
+def test_ppo_critic_value_loss_falls(batches, tiny_model_path, tokenizer):
     group = _group(learner_cfg(algorithm="ppo", critic_lr=3e-3, lr=1e-4, kl_coef=0.0),
                    tiny_model_path, tokenizer)
     try:
@@ -228,8 +216,7 @@ def _windowed(trajs: list[Trajectory]) -> list[Trajectory]:
     return out
 
 
-def test_turn_level_credit_on_window_rows_on_real_ranks(ray_local, batches, tiny_model_path,
-                                                        tokenizer):
+def test_turn_level_credit_on_window_rows_on_real_ranks(batches, tiny_model_path, tokenizer):
     """PPO with one value per turn (GAE across an episode's turn rows) fits its critic, and
     GiGPO trains the same rows with anchor groups, on 2 DeepSpeed ranks."""
     trajs = _windowed(batches[0])
@@ -253,7 +240,7 @@ def test_turn_level_credit_on_window_rows_on_real_ranks(ray_local, batches, tiny
 
 @pytest.mark.slow  # bench/algorithm_compare.py trains each from the CLI; unit tests check the math
 @pytest.mark.parametrize("algorithm", ["rloo", "reinforce_pp"])
-def test_other_algorithms_update(ray_local, batches, tiny_model_path, tokenizer, algorithm):
+def test_other_algorithms_update(batches, tiny_model_path, tokenizer, algorithm):
     group = _group(learner_cfg(algorithm=algorithm), tiny_model_path, tokenizer)
     try:
         stats = [group.train(b) for b in batches[:2]]
@@ -263,8 +250,7 @@ def test_other_algorithms_update(ray_local, batches, tiny_model_path, tokenizer,
     assert all(s["adv_abs_mean"] > 0 for s in stats)
 
 
-def test_invalid_turns_leave_positive_updates_only(ray_local, batches, tiny_model_path,
-                                                   tokenizer):
+def test_invalid_turns_leave_positive_updates_only(batches, tiny_model_path, tokenizer):
     """`mask_invalid_turns`: the first turn of every episode marked invalid; on real ranks the
     update trains exactly the tokens of the other turns of positive-advantage episodes and
     every token of the others."""
@@ -306,8 +292,7 @@ with ray_session(RayConfig(num_cpus=2)):
 
 
 @pytest.mark.slow  # a second process with its own Ray and 2 ranks (~35 s); like the resume set
-def test_resume_in_a_new_process_continues_exactly(ray_local, batches, tiny_model_path,
-                                                   tokenizer, tmp_path):
+def test_resume_in_a_new_process_continues_exactly(batches, tiny_model_path, tokenizer, tmp_path):
     group = _group(learner_cfg(), tiny_model_path, tokenizer)
     try:
         for b in batches[:4]:
