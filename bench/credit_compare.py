@@ -59,6 +59,15 @@ def method_summary(results: dict, split: str) -> dict:
     return out
 
 
+def merge_results(folders: str) -> dict:
+    """One method's `bench/long_horizon.py` results from comma-separated --out folders (seeds
+    run by separate invocations): their commands joined, their seeds in order."""
+    parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders.split(",")]
+    return {"command": " ; ".join(r["command"] for r in parts),
+            "per_seed": dict(sorted(((s, r) for p in parts for s, r in p["per_seed"].items()),
+                                    key=lambda x: int(x[0])))}
+
+
 def plot(summary: dict, path: Path) -> None:
     import matplotlib
 
@@ -96,12 +105,7 @@ def main() -> None:
     summary = {}
     for item in args.methods:
         name, folders = item.split("=", 1)
-        parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders.split(",")]
-        merged = {"command": " ; ".join(r["command"] for r in parts),
-                  "per_seed": dict(sorted(((s, r) for p in parts
-                                           for s, r in p["per_seed"].items()),
-                                          key=lambda x: int(x[0])))}
-        summary[name] = method_summary(merged, args.split)
+        summary[name] = method_summary(merge_results(folders), args.split)
     for name, s in summary.items():
         for env, e in s["envs"].items():
             print(f"[credit] {args.name} {name} {env}: BC {statistics.fmean(e['bc']):.3f} -> "

@@ -9,7 +9,9 @@ and the final RL checkpoint are evaluated on the same eval-split tasks at one tu
 (`split` eval: held-out tasks; train-new: training tasks in instances training never drew).
 Writes OUT/results.json (every number, the command, wall times), OUT/results.md, the eval
 reports and OUT/training.json (bench/run_summary.py's figures of the RL phase of each run); the
-runs themselves go to --runs.
+runs themselves go to --runs. A seed whose run exists is resumed (`--resume auto`); one that an
+earlier invocation already trained and scored into the same --out keeps that invocation's wall
+time, so adding seeds to a results file re-scores the old ones without losing their timing.
 """
 
 from __future__ import annotations
@@ -170,16 +172,25 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = command_line()
+    earlier = (json.loads((out / "results.json").read_text())["per_seed"]
+               if (out / "results.json").exists() else {})
     per_seed: dict[int, dict] = {}
     for seed in args.seeds:
         if args.reuse_warm_start:
             reuse_warm_start(args.config, seed, Path(args.runs), Path(args.reuse_warm_start),
                              args.overrides)
         run_dir, wall, resumed = train(args.config, seed, Path(args.runs), args.overrides)
+        timing = {"wall_seconds": round(wall, 1), "resumed": resumed}
+        before = earlier.get(str(seed), {})
+        if resumed and before.get("run_dir") == str(run_dir):
+            # This seed's run was trained and scored by an earlier invocation into the same
+            # --out: its wall time is that invocation's; this one's resume is kept beside it.
+            timing = {"wall_seconds": before["wall_seconds"], "resumed": before["resumed"],
+                      "rerun_wall_seconds": round(wall, 1)}
         warm = json.loads((run_dir / "init" / "warm_start.json").read_text())
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         per_seed[seed] = {
-            "run_dir": str(run_dir), "wall_seconds": round(wall, 1), "resumed": resumed,
+            "run_dir": str(run_dir), **timing,
             "warm_start_from": args.reuse_warm_start,
             "warm_start_seconds": warm["seconds"], "sft_steps": warm["sft_steps"],
             "train_success": [round(m["success_rate"], 4) for m in metrics],

@@ -76,6 +76,10 @@ GAUGES = {
                                 "generator_rss_max_bytes"),
     "weight_sync_seconds": ("Seconds to push weights to every generator",
                             "seconds/weight_sync"),
+    # Outside agents (agent.callable): episodes whose agent rewrote its history, so some
+    # turns were re-tokenised and train as rows of their own (actors/agent_sessions.py).
+    "edited_history_rate": ("Share of episodes whose agent edited its history",
+                            "edited_history_rate"),
 }
 COUNTERS = {
     "trajectories_ingested": "Trajectories the learner received",
