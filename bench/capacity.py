@@ -28,16 +28,8 @@ from pathlib import Path
 if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.credit_compare import TIE, merge_results
+from bench.credit_compare import TIE, merge_results, per_env
 from horizonrl.cluster.ops.provenance import command_line
-
-
-def per_env(record: dict, split: str, model: str) -> dict[str, float]:
-    """One seed's accuracy per env label for one model, with "all" where there are several."""
-    got = dict(record["eval"][split][model])
-    if len(got) > 1:  # every label is scored on as many tasks: their mean is the overall rate
-        got["all"] = statistics.fmean(got.values())
-    return got
 
 
 def stats(by_seed: dict[str, float]) -> dict:
@@ -69,12 +61,8 @@ def preset_rows(cells: dict[str, dict], split: str) -> dict:
             "command": results["command"],
             "bc+rl": {env: stats(by) for env, by in rl.items()},
             "rl_beats_bc_seeds": wins,
-            "wall_seconds": {s: r["wall_seconds"] for s, r in results["per_seed"].items()},
-            "resumed": {s: r["resumed"] for s, r in results["per_seed"].items()},
-            "warm_start_from": {s: r.get("warm_start_from") for s, r in
-                                results["per_seed"].items()},
-            "warm_start_seconds": {s: r.get("warm_start_seconds") for s, r in
-                                   results["per_seed"].items()},
+            **{key: {s: r.get(key) for s, r in results["per_seed"].items()}
+               for key in ("wall_seconds", "resumed", "warm_start_from", "warm_start_seconds")},
             "train_success_first_last_10": {
                 s: [round(statistics.fmean(x[:10]), 4), round(statistics.fmean(x[-10:]), 4)]
                 for s, x in success.items() if x}}

@@ -35,26 +35,27 @@ def curves(run_dir: Path) -> dict[str, list[float | None]]:
                    for r in rows] for name, key in CURVES.items()}
 
 
+def per_env(record: dict, split: str, model: str) -> dict[str, float]:
+    """One seed's accuracy per env label for one model, labels sorted, then "all" (their mean)
+    where there are several: every label is scored on as many tasks."""
+    got = dict(sorted(record["eval"][split][model].items()))
+    if len(got) > 1:
+        got["all"] = statistics.fmean(got.values())
+    return got
+
+
 def method_summary(results: dict, split: str) -> dict:
     per_seed = results["per_seed"]
-    envs = sorted(next(iter(per_seed.values()))["eval"][split]["bc"])
     out: dict = {"envs": {}, "seeds": sorted(per_seed, key=int), "command": results["command"],
                  "wall_seconds": [r["wall_seconds"] for r in per_seed.values()]}
-    for env in envs:
-        bc = [r["eval"][split]["bc"][env] for r in per_seed.values()]
-        rl = [r["eval"][split]["bc+rl"][env] for r in per_seed.values()]
+    bcs = [per_env(r, split, "bc") for r in per_seed.values()]
+    rls = [per_env(r, split, "bc+rl") for r in per_seed.values()]
+    for env in bcs[0]:
+        bc, rl = [x[env] for x in bcs], [x[env] for x in rls]
         gains = [b - a for a, b in zip(bc, rl)]
         out["envs"][env] = {"bc": bc, "bc+rl": rl, "gain_mean": round(statistics.fmean(gains), 4),
                             "rl_mean": round(statistics.fmean(rl), 4),
                             "beats_bc_seeds": sum(g > TIE for g in gains)}
-    if len(envs) > 1:  # every label scored on as many tasks: their mean is the overall rate
-        bc = [statistics.fmean(r["eval"][split]["bc"][e] for e in envs) for r in per_seed.values()]
-        rl = [statistics.fmean(r["eval"][split]["bc+rl"][e] for e in envs)
-              for r in per_seed.values()]
-        gains = [b - a for a, b in zip(bc, rl)]
-        out["envs"]["all"] = {"bc": bc, "bc+rl": rl, "gain_mean": round(statistics.fmean(gains), 4),
-                              "rl_mean": round(statistics.fmean(rl), 4),
-                              "beats_bc_seeds": sum(g > TIE for g in gains)}
     out["curves"] = {seed: curves(Path(r["run_dir"])) for seed, r in per_seed.items()}
     return out
 
