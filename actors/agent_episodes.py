@@ -26,7 +26,8 @@ from horizonrl.actors.episodes import StepEngine, Tally, step_engine, take_start
 from horizonrl.actors.openai_server import Call, RequestQueue
 from horizonrl.actors.rollout import Engine
 from horizonrl.envpool.agent_worker import AgentCall, AgentOutcome
-from horizonrl.envpool.pool import EnvError, EnvPool, PendingCall, Slot
+from horizonrl.envpool.pool import EnvPool, PendingCall, Slot
+from horizonrl.envpool.replicas import EnvError
 from horizonrl.protos.trajectory import Failure
 
 _WAIT_S = 0.01  # nothing for the engine: wait up to this long for a request, then check agents

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from horizonrl.actors.rollout import AgentLoop, Completion, Engine
-from horizonrl.envpool.pool import EnvError, EnvPool, PendingCall, Slot
+from horizonrl.envpool.pool import EnvPool, PendingCall, Slot
+from horizonrl.envpool.replicas import EnvError
 from horizonrl.protos.reports import RolloutSeconds
 from horizonrl.protos.trajectory import Failure
 

@@ -28,8 +28,9 @@ from horizonrl.actors.episodes import Tally
 from horizonrl.actors.heap import trim_heap
 from horizonrl.actors.policy_board import PolicyFeed
 from horizonrl.actors.rollout import AgentLoop, Engine
-from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.pool import EnvPool
 from horizonrl.envpool.registry import env_spec
+from horizonrl.envpool.replicas import EnvError
 from horizonrl.protos.chat import ChatFormat, load_tokenizer
 from horizonrl.protos.placement import node_ip
 from horizonrl.protos.precision import bf16_native, engine_dtype

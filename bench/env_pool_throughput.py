@@ -55,7 +55,8 @@ def in_process(env: str, kwargs: dict, n: int, rounds: int, max_s: float) -> flo
 def pool(env: str, kwargs: dict, n: int, rounds: int, max_s: float, actors: int,
          in_process: bool = False, step_threads: int = 1) -> float:
     from horizonrl.envpool.config import EnvConfig
-    from horizonrl.envpool.pool import EnvError, EnvPool
+    from horizonrl.envpool.pool import EnvPool
+    from horizonrl.envpool.replicas import EnvError
 
     spec, rng = env_spec(env), random.Random(0)
     p = EnvPool(EnvConfig(name=env, kwargs=kwargs, num_actors=actors,

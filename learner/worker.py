@@ -7,11 +7,10 @@ view of it), over gloo on CPU and NCCL on GPUs.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -37,13 +36,14 @@ from horizonrl.learner.objectives import (
     value_objective,
     whiten,
 )
+from horizonrl.learner.weight_source import WeightSource
 from horizonrl.protos.placement import node_ip
 from horizonrl.protos.precision import bf16_native, learner_dtype
 
 
-class LearnerWorker:
-    """One rank: forward/backward with DeepSpeed, the policy (and value) objectives, weights
-    for the generators, checkpoints."""
+class LearnerWorker(WeightSource):
+    """One rank: forward/backward with DeepSpeed, the policy (and value) objectives,
+    checkpoints; the weights for the generators come from `WeightSource`."""
 
     def __init__(self, *, rank: int, world_size: int, cfg: LearnerConfig, model_path: str,
                  seed: int, ref_model_path: str | None = None,
@@ -338,16 +338,6 @@ class LearnerWorker:
             out.append(alg.token_logprobs(self.engine(input_ids=ids).logits, ids)[0].tolist())
         return out
 
-    def state_dict(self) -> dict[str, np.ndarray] | None:
-        """Full HF state dict on rank 0 (every rank must call: ZeRO-3 gathers collectively).
-
-        Keeps `lm_head.weight` even when tied to the embeddings: vLLM leaves a tied head stale
-        if it is missing from the reload.
-        """
-        with self._full_state() as sd:  # bf16 weights leave as fp32 (numpy has no bf16)
-            return None if sd is None else {k: v.float().cpu().numpy().copy()
-                                            for k, v in sd.items()}
-
     def save_checkpoint(self, path: str) -> None:
         """Model, optimizer and scheduler (ZeRO-partitioned, every rank writes its part) and this
         rank's RNG states under `path`; every rank must call."""
@@ -365,56 +355,3 @@ class LearnerWorker:
         if sd is not None:
             self.engine.module.save_pretrained(
                 path, state_dict={k: torch.from_numpy(v) for k, v in sd.items()})
-
-    # -- broadcast weight sync (learner.weight_sync="broadcast"; see learner.weights) ---------
-    def weight_device(self) -> str | None:
-        """This rank's GPU UUID, None on CPU (the sync picks NCCL only for distinct GPUs)."""
-        from horizonrl.protos.weight_wire import cuda_uuid
-
-        return cuda_uuid(self.engine.device)
-
-    def weight_specs(self) -> list[tuple[str, tuple[int, ...], str]] | None:
-        """(name, shape, dtype) of every tensor a push sends, on rank 0 (every rank must call)."""
-        from horizonrl.learner.weights import state_specs
-
-        with self._full_state() as sd:
-            return None if sd is None else state_specs(sd)
-
-    def join_weight_group(self, *, host: str, port: int, world_size: int, backend: str,
-                          timeout_s: float) -> bool:
-        """Rank 0: host the weight group's rendezvous on `host:port` and join as its source."""
-        from horizonrl.protos.weight_wire import BroadcastGroup
-
-        self.leave_weight_group()
-        self.weight_group = BroadcastGroup(host=host, port=port, rank=0, world_size=world_size,
-                                           backend=backend, device=self.engine.device,
-                                           timeout_s=timeout_s)
-        return True
-
-    def broadcast_weights(self, buckets: Sequence[Any]) -> int:
-        """Every rank joins the (ZeRO-3) gather; rank 0 broadcasts `buckets` to the generators.
-        Returns the payload bytes sent (0 on the other ranks)."""
-        from horizonrl.learner.weights import send_buckets
-
-        with self._full_state() as sd:
-            if sd is None:
-                return 0
-            return send_buckets(self.weight_group, buckets, sd)
-
-    def leave_weight_group(self) -> None:
-        group, self.weight_group = getattr(self, "weight_group", None), None
-        if group is not None:
-            group.close()
-
-    @contextlib.contextmanager
-    def _full_state(self) -> Iterator[dict[str, torch.Tensor] | None]:
-        """The full HF state dict as tensors on this rank's device, valid inside the block, on
-        rank 0 (None elsewhere); `lm_head.weight` kept even when tied, as in `state_dict`."""
-        import deepspeed
-
-        from horizonrl.learner.weights import hf_state_dict
-
-        module = self.engine.module
-        with deepspeed.zero.GatheredParameters(list(module.parameters()),
-                                               enabled=self.cfg.zero_stage == 3):
-            yield hf_state_dict(module) if self.rank == 0 else None

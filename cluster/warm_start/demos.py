@@ -25,8 +25,9 @@ from horizonrl.cluster.config import RunConfig
 from horizonrl.cluster.model.tiny_model import Thought, expert_reply
 from horizonrl.envpool.base import EVAL_SEED_OFFSET, split_seeds
 from horizonrl.envpool.config import EnvConfig
-from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.pool import EnvPool
 from horizonrl.envpool.registry import env_spec
+from horizonrl.envpool.replicas import EnvError
 from horizonrl.protos.chat import ChatFormat, load_tokenizer
 from horizonrl.protos.codec import to_json_line
 from horizonrl.protos.trajectory import Failure, Trajectory

@@ -20,8 +20,9 @@ import pytest
 
 from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.envpool.config import EnvConfig
-from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.pool import EnvPool
 from horizonrl.envpool.registry import EnvSpec, env_spec
+from horizonrl.envpool.replicas import EnvError
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 

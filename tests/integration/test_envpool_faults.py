@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from horizonrl.envpool.config import EnvConfig
-from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.pool import EnvPool
+from horizonrl.envpool.replicas import EnvError
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 

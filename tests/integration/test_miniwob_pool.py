@@ -24,7 +24,8 @@ from horizonrl.envpool.base import EVAL_SEED_OFFSET
 from horizonrl.envpool.config import EnvConfig
 from horizonrl.envpool.miniwob import format_action, parse_action, random_action
 from horizonrl.envpool.miniwob_tasks import TASKS
-from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.pool import EnvPool
+from horizonrl.envpool.replicas import EnvError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600),
               pytest.mark.usefixtures("shared_ray")]

@@ -12,8 +12,9 @@ import random
 import pytest
 
 from horizonrl.envpool.config import EnvConfig
-from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.pool import EnvPool
 from horizonrl.envpool.registry import env_spec
+from horizonrl.envpool.replicas import EnvError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 

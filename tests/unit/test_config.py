@@ -67,6 +67,16 @@ def test_every_shipped_config_loads(path):
     assert cfg.envs[0] is cfg.env
 
 
+def test_the_recommended_maze_config_is_the_measured_recipe():
+    """configs/babyai-maze-s-gigpo.yaml must stay what docs/long-horizon.md section 7 measured:
+    the xs recipe's config with exactly the overrides of its commands (and its own name)."""
+    measured = load_config(ROOT / "configs/babyai-maze-bc-rl.yaml", [
+        "init.eval_tasks=256", "model.tiny.preset=s", "learner.dtype=bfloat16",
+        "generator.dtype=bfloat16", "learner.algorithm=gigpo", "name=babyai-maze-s-gigpo"])
+    shipped = load_config(ROOT / "configs/babyai-maze-s-gigpo.yaml")
+    assert shipped.model_dump() == measured.model_dump()
+
+
 def test_multi_env_labels_must_be_unique():
     with pytest.raises(ConfigError, match="labels must be unique"):
         load_config(None, ["extra_envs=[{name: babyai}]"])

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 
 from horizonrl.envpool.config import EnvConfig
-from horizonrl.envpool.pool import EnvError, EnvPool
+from horizonrl.envpool.pool import EnvPool
 from horizonrl.envpool.registry import make_env
+from horizonrl.envpool.replicas import EnvError
 
 BABYAI = {"level": "BabyAI-GoToRedBall-v0", "reward": "binary"}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from horizonrl.envpool.pool import EnvError, EnvWorker
+from horizonrl.envpool.replicas import EnvError, EnvWorker
 
 
 def test_replica_is_rebuilt_every_k_episodes_and_keeps_its_behaviour():
