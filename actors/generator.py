@@ -28,6 +28,7 @@ from horizonrl.actors.episodes import Tally
 from horizonrl.actors.heap import trim_heap
 from horizonrl.actors.policy_board import PolicyFeed
 from horizonrl.actors.rollout import AgentLoop, Engine
+from horizonrl.actors.weight_receiver import GeneratorWeightSync
 from horizonrl.envpool.pool import EnvPool
 from horizonrl.envpool.registry import env_spec
 from horizonrl.envpool.replicas import EnvError
@@ -53,7 +54,7 @@ class Task:
     step: int | None = None
 
 
-class GeneratorActor:
+class GeneratorActor(GeneratorWeightSync):
     """Rollout worker: engine + env pool + gRPC sender. Thin; the logic is in AgentLoop."""
 
     def __init__(self, *, name: str, cfg: GeneratorConfig, model_path: str,
@@ -122,6 +123,11 @@ class GeneratorActor:
     def precision(self) -> str:
         """The engine's dtype (`generator.dtype` with `auto` resolved on this actor's device)."""
         return self.dtype
+
+    def emulated_bf16(self) -> str | None:
+        """This actor's device, where its engine runs bf16 without native support (else None)."""
+        device = "cuda" if self._gpu_ids() else "cpu"
+        return device if self.dtype == "bfloat16" and not bf16_native(device) else None
 
     @staticmethod
     def _gpu_ids() -> list[str]:
@@ -394,28 +400,6 @@ class GeneratorActor:
         self._sends.append(self.sender.send_async(trajs))  # rollout() waits for them
         tally.transport += time.perf_counter() - t0
         return [t.trajectory_id for t in trajs]
-
-    # -- broadcast weight sync (learner.weight_sync="broadcast"; see learner.weights) ---------
-    def weight_device(self) -> str | None:
-        """The engine's GPU UUID, None on CPU (NCCL needs a GPU of its own per member)."""
-        return self.engine.weight_device()
-
-    def join_weight_group(self, *, host: str, port: int, rank: int, world_size: int,
-                          backend: str, timeout_s: float) -> bool:
-        """Join learner rank 0's weight group as `rank`; returns once every member joined."""
-        self.engine.join_weight_group(host=host, port=port, rank=rank, world_size=world_size,
-                                      backend=backend, timeout_s=timeout_s)
-        return True
-
-    def receive_weights(self, buckets: Sequence[Any], version: int) -> float:
-        """Receive one broadcast push (the bytes come over the group); returns seconds."""
-        t0 = time.perf_counter()
-        self.engine.receive_weights(buckets)
-        self.policy_version = int(version)
-        return time.perf_counter() - t0
-
-    def leave_weight_group(self) -> None:
-        self.engine.leave_weight_group()
 
 
 def _by_env(envs: Sequence[str], idx: Sequence[int]) -> dict[str, list[int]]:

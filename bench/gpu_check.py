@@ -161,14 +161,16 @@ def learner_precision(model: Path, *, stage: int, cuda: bool) -> list[tuple[bool
     from bench.learner_throughput import synthetic_trajectories, with_behaviour_logprobs
     from horizonrl.learner.group import LearnerGroup
     from horizonrl.protos.chat import load_tokenizer
+    from horizonrl.protos.precision import OLD_DTYPE_NAMES
 
     pad = load_tokenizer(model).pad_token_id
     trajs = with_behaviour_logprobs(synthetic_trajectories(n=16, tokens=200, group_size=4,
                                                            vocab=300, seed=0), model, pad_id=pad)
     losses = {}
     for dtype in ("fp32", "bf16"):
-        cfg = LearnerConfig(world_size=2, zero_stage=stage, dtype=dtype, kl_coef=0.01,
-                            minibatches=1, num_gpus_per_worker=1.0 if cuda else 0.0)
+        cfg = LearnerConfig(world_size=2, zero_stage=stage, dtype=OLD_DTYPE_NAMES[dtype],
+                            kl_coef=0.01, minibatches=1,
+                            num_gpus_per_worker=1.0 if cuda else 0.0)
         group = LearnerGroup(cfg, model_path=str(model), pad_id=pad, seed=0)
         try:
             losses[dtype] = [group.train(trajs)["loss"] for _ in range(3)]

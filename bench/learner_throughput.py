@@ -57,6 +57,7 @@ from horizonrl.cluster.ops.provenance import command_line
 from horizonrl.learner import algorithms as alg
 from horizonrl.learner.batch import group_index, pad_batch, split_rows, trim, valid_mask
 from horizonrl.learner.config import LearnerConfig
+from horizonrl.protos.precision import OLD_DTYPE_NAMES, bf16_native
 from horizonrl.protos.trajectory import Trajectory
 
 if not __package__:  # run as `python bench/NAME.py`: the checkout on the path, not bench/
@@ -243,6 +244,9 @@ def zero2(cfg: LearnerConfig, trajs: list[Trajectory], *, model_path: Path, pad_
 
     group = LearnerGroup(cfg, model_path=str(model_path), pad_id=pad_id, seed=0)
     try:
+        if group.dtype not in ("float32", "bfloat16"):  # a name the engine would read as fp32
+            raise RuntimeError(f"learner.dtype {cfg.dtype!r} is not a precision the learner has")
+
         def update() -> dict[str, float]:
             m = group.train(trajs)
             if m["skipped_update"] or m["rows_trained"] != len(trajs):
@@ -280,7 +284,10 @@ def bench_size(name: str, model_path: Path, args: argparse.Namespace) -> list[Ti
                       layout="2 x 1", **kw))
     for dtype in args.dtypes:  # the same 2-rank learner in another precision (learner.dtype)
         if dtype != "fp32":
-            rows.append(zero2(base.model_copy(update={"dtype": dtype}), trajs,
+            # The config's own name (model_copy does not validate, so "bf16" would pass
+            # through unread and the row would run fp32).
+            name = OLD_DTYPE_NAMES.get(dtype, dtype)
+            rows.append(zero2(base.model_copy(update={"dtype": name}), trajs,
                               model_path=model_path, pad_id=pad_id, learner=f"ZeRO-2 {dtype}",
                               layout="2 x 1", **kw))
     if args.one_rank:
@@ -303,6 +310,15 @@ def table(rows: list[Timing]) -> str:
             f"{statistics.fmean(r.rank_seconds):.3f} | {r.mean / base.mean:.2f}x | "
             f"{r.loss_first:.4f} -> {r.loss_last:.4f} |")
     return "\n".join(lines)
+
+
+def cpu_description() -> dict:
+    """What decides bf16's speed on this CPU: torch's kernel level and whether the CPU computes
+    bf16 natively (protos/precision.py's rule for `auto`)."""
+    import torch
+
+    return {"torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "native_bf16": bf16_native("cpu")}
 
 
 def main() -> None:
@@ -357,6 +373,7 @@ def main() -> None:
         args.out.write_text(json.dumps({
             "command": command_line(),
             "load_average": [load_before, os.getloadavg()[0]],
+            "cpu": cpu_description(),
             "rows": [dataclasses.asdict(r) for r in rows], "table": table(rows)}, indent=1))
 
 

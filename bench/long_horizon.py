@@ -12,6 +12,9 @@ reports and OUT/training.json (bench/run_summary.py's figures of the RL phase of
 runs themselves go to --runs. A seed whose run exists is resumed (`--resume auto`); one that an
 earlier invocation already trained and scored into the same --out keeps that invocation's wall
 time, so adding seeds to a results file re-scores the old ones without losing their timing.
+With `--reuse-warm-start`, `--scores-from` takes the base and clone scores from the results of
+the invocation that built those clones (the evaluation is seeded, so they would come out the
+same) and scores only the new RL checkpoint: a third of the evaluation time.
 """
 
 from __future__ import annotations
@@ -89,8 +92,32 @@ def reuse_warm_start(config: str, seed: int, runs: Path, source: Path,
     (root / src.name / "config.yaml").write_text(dump_config(cfg))
 
 
+def earlier_scores(source: dict, seed: int, warm_root: Path, *, splits: list[str], tasks: int,
+                   max_turns: int, samples: int) -> dict[str, dict]:
+    """Per split, the base and clone scores of `seed` in an earlier invocation's results.json
+    (`source`), refused unless that invocation scored the same clone (its run is the warm start
+    under `warm_root`) on the same tasks, turn budget, samples and splits."""
+    same = {"tasks": tasks, "max_turns": max_turns, "samples": samples}
+    differ = {k: source.get(k) for k, v in same.items() if source.get(k, 1) != v}
+    if differ:
+        raise SystemExit(f"--scores-from scored other tasks: {differ} against {same}")
+    record = source["per_seed"].get(str(seed))
+    if record is None:
+        raise SystemExit(f"--scores-from has no seed {seed}")
+    if Path(record["run_dir"]).parent.resolve() != (warm_root / f"seed{seed}").resolve():
+        raise SystemExit(f"--scores-from scored {record['run_dir']}, not the clone under "
+                         f"{warm_root / f'seed{seed}'}")
+    missing = [s for s in splits if s not in record["eval"]]
+    if missing:
+        raise SystemExit(f"--scores-from has no {missing} scores for seed {seed}")
+    return {s: {m: record["eval"][s][m] for m in ("base", "bc")} for s in splits}
+
+
 def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns: int,
-                 splits: list[str], overrides: list[str], out: Path, samples: int = 1) -> dict:
+                 splits: list[str], overrides: list[str], out: Path, samples: int = 1,
+                 known: dict[str, dict] | None = None) -> dict:
+    """Each model's accuracy per split and env; models `known` holds scores for (per split,
+    from `earlier_scores`) are taken from it, not evaluated again."""
     from horizonrl.cluster.config import load_config
     from horizonrl.cluster.eval.evaluate import evaluate
     from horizonrl.cluster.model.load import ensure_model
@@ -102,11 +129,13 @@ def evaluate_run(config: str, seed: int, run_dir: Path, *, tasks: int, max_turns
     got = {}
     for split in splits:
         folder = out / "eval" / f"seed{seed}-{split}"
-        results = evaluate(cfg, models, envs=cfg.envs, tasks=tasks, samples=samples,
+        kept = (known or {}).get(split, {})
+        results = evaluate(cfg, {m: p for m, p in models.items() if m not in kept},
+                           envs=cfg.envs, tasks=tasks, samples=samples,
                            max_turns=[max_turns], out=folder, split=split)
         keep_small(folder)
-        got[split] = {m: {env: cell[str(max_turns)]["accuracy"] for env, cell in r.items()}
-                      for m, r in results.items()}
+        got[split] = {**kept, **{m: {env: cell[str(max_turns)]["accuracy"]
+                                     for env, cell in r.items()} for m, r in results.items()}}
     return got
 
 
@@ -163,12 +192,19 @@ def main() -> None:
     p.add_argument("--runs", default="runs/long-horizon", help="run directories and logs")
     p.add_argument("--reuse-warm-start", metavar="RUNS", help="take each seed's demos and "
                    "clone from an earlier invocation's --runs folder; only RL runs here")
+    p.add_argument("--scores-from", metavar="OUT", help="with --reuse-warm-start: the --out "
+                   "of the invocation that built the clones; base and clone scores are read "
+                   "from its results.json, only BC + RL is evaluated")
     p.add_argument("--eval-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                    help="dotted overrides for the evaluations only (after the shared ones), "
                    "e.g. generator.temperature=0.5 to train at one temperature and score at "
                    "another")
     p.add_argument("overrides", nargs="*", help="dotted overrides for every run")
     args = p.parse_args()
+    if args.scores_from and not args.reuse_warm_start:
+        p.error("--scores-from needs --reuse-warm-start (the clones it scored)")
+    source = (json.loads((Path(args.scores_from) / "results.json").read_text())
+              if args.scores_from else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = command_line()
@@ -179,6 +215,10 @@ def main() -> None:
         if args.reuse_warm_start:
             reuse_warm_start(args.config, seed, Path(args.runs), Path(args.reuse_warm_start),
                              args.overrides)
+        # checked before training, so a mismatch costs no RL run
+        known = (earlier_scores(source, seed, Path(args.reuse_warm_start), splits=args.splits,
+                                tasks=args.tasks, max_turns=args.max_turns,
+                                samples=args.samples) if source else None)
         run_dir, wall, resumed = train(args.config, seed, Path(args.runs), args.overrides)
         timing = {"wall_seconds": round(wall, 1), "resumed": resumed}
         before = earlier.get(str(seed), {})
@@ -191,13 +231,13 @@ def main() -> None:
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         per_seed[seed] = {
             "run_dir": str(run_dir), **timing,
-            "warm_start_from": args.reuse_warm_start,
+            "warm_start_from": args.reuse_warm_start, "scores_from": args.scores_from,
             "warm_start_seconds": warm["seconds"], "sft_steps": warm["sft_steps"],
             "train_success": [round(m["success_rate"], 4) for m in metrics],
             "eval": evaluate_run(args.config, seed, run_dir, tasks=args.tasks,
                                  max_turns=args.max_turns, splits=args.splits,
                                  overrides=[*args.overrides, *args.eval_overrides], out=out,
-                                 samples=args.samples)}
+                                 samples=args.samples, known=known)}
         print(f"[long-horizon] seed {seed}: {per_seed[seed]['eval']} ({wall:.0f}s)", flush=True)
         (out / "results.json").write_text(json.dumps(
             {"command": command, "max_turns": args.max_turns, "tasks": args.tasks,

@@ -17,6 +17,7 @@ from horizonrl.learner.batch import (
 from horizonrl.learner.config import LearnerConfig, rank_bundle
 from horizonrl.learner.credit import Estimator, groups_with_signal, make_estimator
 from horizonrl.learner.worker import LearnerWorker
+from horizonrl.protos.precision import emulated_bf16_warning
 from horizonrl.protos.trajectory import Trajectory
 
 __all__ = ["LearnerGroup", "PlacementTimeout", "advantage_stats", "combine_ranks",
@@ -112,6 +113,9 @@ class LearnerGroup:
             for rank in range(cfg.world_size)
         ]
         self.dtype = agreed_precision(ray.get([w.precision.remote() for w in self.workers]))
+        if warning := emulated_bf16_warning("learner.dtype", [
+                d for d in ray.get([w.emulated_bf16.remote() for w in self.workers]) if d]):
+            print(warning, flush=True)
         # Rank 0's node, not 127.0.0.1: ranks may sit on different nodes of a real cluster.
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
         ray.get([w.setup.remote(addr, port) for w in self.workers])

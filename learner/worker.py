@@ -60,10 +60,18 @@ class LearnerWorker(WeightSource):
     def precision(self) -> str:
         """The dtype this rank computes in, "float32" or "bfloat16": `auto` is decided by the device
         it trains on (the group checks that all ranks agree before they meet)."""
+        return learner_dtype(self.cfg.dtype, native_bf16=bf16_native(self._device()))
+
+    def emulated_bf16(self) -> str | None:
+        """This rank's device, where it computes in bf16 without native support (else None)."""
+        device = self._device()
+        native = bf16_native(device)
+        return device if learner_dtype(self.cfg.dtype, native_bf16=native) == "bfloat16" \
+            and not native else None
+
+    def _device(self) -> str:
         _, ordinal = self.assigned_gpu()
-        on_gpu = ordinal is not None and torch.cuda.is_available()
-        return learner_dtype(self.cfg.dtype,
-                             native_bf16=bf16_native(f"cuda:{ordinal}" if on_gpu else "cpu"))
+        return f"cuda:{ordinal}" if ordinal is not None and torch.cuda.is_available() else "cpu"
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group: its node's IP and a free port there."""

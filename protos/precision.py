@@ -61,6 +61,19 @@ def learner_dtype(setting: str, *, native_bf16: bool) -> str:
     return "bfloat16" if native_bf16 else "float32"
 
 
+def emulated_bf16_warning(field: str, devices: list[str]) -> str | None:
+    """The warning for an explicit `bfloat16` resolved on devices (by name) that have no native
+    bf16; None where there are none. Explicit settings are kept (a user may want bf16 on purpose),
+    but a 2-core AVX2 CPU trains many times slower in emulated bf16 than in fp32
+    (docs/precision.md), which without a word looks like a hang."""
+    if not devices:
+        return None
+    return (f"[horizonrl] warning: {field} is bfloat16 on {', '.join(sorted(set(devices)))} "
+            "without native bf16 (AVX-512 BF16 or AMX on a CPU, Ampere or later on a GPU): it is "
+            "emulated there, many times slower than float32 (docs/precision.md); `auto` picks "
+            "bf16 only where it is native")
+
+
 def engine_dtype(setting: str, *, native_bf16: bool) -> str:
     """`generator.dtype` resolved to a vLLM dtype (`auto` by the learner's rule)."""
     if setting != "auto":

@@ -45,6 +45,7 @@ from horizonrl.learner.group import LearnerGroup
 from horizonrl.learner.weights import SyncStats
 from horizonrl.protos.chat import load_tokenizer
 from horizonrl.protos.codec import to_json_line
+from horizonrl.protos.precision import emulated_bf16_warning
 from horizonrl.protos.reports import RolloutSeconds
 from horizonrl.protos.trajectory import Trajectory
 
@@ -90,6 +91,9 @@ class Trainer:
         self.precision = {"learner": self.learner.dtype, "generator": "+".join(sorted(set(
             ray.get([g.precision.remote() for g in self.generators]))))}
         (run_dir / "precision.json").write_text(json.dumps(self.precision))
+        if warning := emulated_bf16_warning("generator.dtype", [
+                d for d in ray.get([g.emulated_bf16.remote() for g in self.generators]) if d]):
+            print(warning, flush=True)
         record_placement(run_dir, self.generators, self.learner.workers)
         if resume:
             restore_learner(self.learner, resume, learner_identity(cfg.learner))

@@ -69,11 +69,19 @@ def test_every_shipped_config_loads(path):
 
 def test_the_recommended_maze_config_is_the_measured_recipe():
     """configs/babyai-maze-s-gigpo.yaml must stay what docs/long-horizon.md section 7 measured:
-    the xs recipe's config with exactly the overrides of its commands (and its own name)."""
+    the xs recipe's config with exactly the overrides of its commands (and its own name), the
+    measured bfloat16 as `auto`: the same on the CPU that measured it (AVX-512 BF16), fp32 where
+    bf16 would be emulated."""
+    from horizonrl.protos.precision import engine_dtype, learner_dtype
+
     measured = load_config(ROOT / "configs/babyai-maze-bc-rl.yaml", [
         "init.eval_tasks=256", "model.tiny.preset=s", "learner.dtype=bfloat16",
         "generator.dtype=bfloat16", "learner.algorithm=gigpo", "name=babyai-maze-s-gigpo"])
     shipped = load_config(ROOT / "configs/babyai-maze-s-gigpo.yaml")
+    assert learner_dtype(shipped.learner.dtype, native_bf16=True) == measured.learner.dtype
+    assert engine_dtype(shipped.generator.dtype, native_bf16=True) == measured.generator.dtype
+    for cfg in (shipped, measured):
+        cfg.learner.dtype = cfg.generator.dtype = "auto"
     assert shipped.model_dump() == measured.model_dump()
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from horizonrl.learner.group import agreed_precision
-from horizonrl.protos.precision import bf16_native, cpu_flags, engine_dtype, learner_dtype
+from horizonrl.protos.precision import (
+    bf16_native,
+    cpu_flags,
+    emulated_bf16_warning,
+    engine_dtype,
+    learner_dtype,
+)
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -47,6 +53,13 @@ def test_auto_resolves_alike_for_both_roles_and_explicit_settings_stay(native):
         assert learner_dtype(setting, native_bf16=not native) == setting
     for setting in ("float32", "bfloat16", "float16"):
         assert engine_dtype(setting, native_bf16=not native) == setting
+
+
+def test_emulated_bf16_is_named_once_per_device_and_only_where_it_happens():
+    assert emulated_bf16_warning("learner.dtype", []) is None
+    text = emulated_bf16_warning("generator.dtype", ["cpu", "cuda", "cpu"])
+    assert "generator.dtype is bfloat16 on cpu, cuda without native bf16" in text
+    assert "`auto`" in text
 
 
 def test_learner_ranks_that_resolve_differently_are_refused():
