@@ -34,7 +34,7 @@ from horizonrl.envpool.registry import env_spec
 from horizonrl.envpool.replicas import EnvError
 from horizonrl.protos.chat import ChatFormat, load_tokenizer
 from horizonrl.protos.placement import node_ip
-from horizonrl.protos.precision import bf16_native, engine_dtype
+from horizonrl.protos.precision import bf16_native, emulated_bf16, engine_dtype
 from horizonrl.protos.reports import RolloutReport
 from horizonrl.protos.trajectory import Failure
 
@@ -126,8 +126,7 @@ class GeneratorActor(GeneratorWeightSync):
 
     def emulated_bf16(self) -> str | None:
         """This actor's device, where its engine runs bf16 without native support (else None)."""
-        device = "cuda" if self._gpu_ids() else "cpu"
-        return device if self.dtype == "bfloat16" and not bf16_native(device) else None
+        return emulated_bf16(self.dtype, "cuda" if self._gpu_ids() else "cpu")
 
     @staticmethod
     def _gpu_ids() -> list[str]:

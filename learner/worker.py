@@ -38,7 +38,7 @@ from horizonrl.learner.objectives import (
 )
 from horizonrl.learner.weight_source import WeightSource
 from horizonrl.protos.placement import node_ip
-from horizonrl.protos.precision import bf16_native, learner_dtype
+from horizonrl.protos.precision import bf16_native, emulated_bf16, learner_dtype
 
 
 class LearnerWorker(WeightSource):
@@ -64,10 +64,7 @@ class LearnerWorker(WeightSource):
 
     def emulated_bf16(self) -> str | None:
         """This rank's device, where it computes in bf16 without native support (else None)."""
-        device = self._device()
-        native = bf16_native(device)
-        return device if learner_dtype(self.cfg.dtype, native_bf16=native) == "bfloat16" \
-            and not native else None
+        return emulated_bf16(self.precision(), self._device())
 
     def _device(self) -> str:
         _, ordinal = self.assigned_gpu()

@@ -61,6 +61,11 @@ def learner_dtype(setting: str, *, native_bf16: bool) -> str:
     return "bfloat16" if native_bf16 else "float32"
 
 
+def emulated_bf16(dtype: str, device: str) -> str | None:
+    """`device` where a role computing in resolved `dtype` there would emulate bf16, else None."""
+    return device if dtype == "bfloat16" and not bf16_native(device) else None
+
+
 def emulated_bf16_warning(field: str, devices: list[str]) -> str | None:
     """The warning for an explicit `bfloat16` resolved on devices (by name) that have no native
     bf16; None where there are none. Explicit settings are kept (a user may want bf16 on purpose),

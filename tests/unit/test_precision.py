@@ -8,6 +8,7 @@ from horizonrl.learner.group import agreed_precision
 from horizonrl.protos.precision import (
     bf16_native,
     cpu_flags,
+    emulated_bf16,
     emulated_bf16_warning,
     engine_dtype,
     learner_dtype,
@@ -56,6 +57,9 @@ def test_auto_resolves_alike_for_both_roles_and_explicit_settings_stay(native):
 
 
 def test_emulated_bf16_is_named_once_per_device_and_only_where_it_happens():
+    native = bf16_native("cpu")
+    assert emulated_bf16("bfloat16", "cpu") == (None if native else "cpu")
+    assert emulated_bf16("float32", "cpu") is None
     assert emulated_bf16_warning("learner.dtype", []) is None
     text = emulated_bf16_warning("generator.dtype", ["cpu", "cuda", "cpu"])
     assert "generator.dtype is bfloat16 on cpu, cuda without native bf16" in text
