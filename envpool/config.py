@@ -48,6 +48,11 @@ class EnvConfig(BaseModel):
         60.0, gt=0, description="Deadline for one batched reset/step call to an env actor; a "
         "call past it fails its episodes with failure=timeout and the actor is restarted.",
     )
+    start_timeout_s: float = Field(
+        300.0, gt=0, description="Time an env actor may take to start (its process and "
+        "replicas built: a JVM, a browser), counted on top of call_timeout_s for calls to an "
+        "actor that has not answered yet, so a slow start after a restart is not taken for a "
+        "hang.")
     eval_replicas_per_actor: int | None = Field(
         None, ge=1, description="Replicas per env actor in evaluations (`horizonrl eval`, the "
         "warm start's): unset, one per episode of the sweep (tasks x samples, on each actor), "

@@ -9,7 +9,8 @@ stuck browser or JVM does) or `latency` (every step waits `sleep_s` times a fact
 as a remote env server answers: uniform in [1 - jitter, 1 + jitter], or with `heavy_tail` > 0
 lognormal of that sigma, whose tail holds rare steps many times the mean, as a browser or a
 loaded server has; each replica draws from its own generator, seeded by its creation order in
-the process; `at_step` is ignored).
+the process; `at_step` is ignored). `start_s` > 0 makes each replica take that long to build,
+as a JVM or a browser on a loaded node does (on top of any fault).
 `at_step` counts steps over the process's lifetime. With `once_file`
 the fault fires once per drill: the file is created when it fires, and a replacement replica that
 finds it behaves normally. The registry hands the drill BabyAI's prompt and parser, so drills
@@ -39,13 +40,15 @@ class FaultyEnv:
 
     def __init__(self, *, env: str, env_kwargs: dict[str, Any] | None = None,
                  fault: str = "exit", at_step: int = 1, once_file: str | None = None,
-                 sleep_s: float = 5.0, jitter: float = 0.0, heavy_tail: float = 0.0) -> None:
+                 sleep_s: float = 5.0, jitter: float = 0.0, heavy_tail: float = 0.0,
+                 start_s: float = 0.0) -> None:
         if fault not in ("exit", "raise", "sleep", "latency"):
             raise ValueError(f"fault must be exit, raise, sleep or latency, got {fault!r}")
         if not 0 <= jitter <= 1:
             raise ValueError(f"jitter must be in [0, 1], got {jitter}")
         if heavy_tail < 0:
             raise ValueError(f"heavy_tail (a lognormal sigma) must be >= 0, got {heavy_tail}")
+        time.sleep(start_s)
         self.inner: TextEnv = make_env(env, **(env_kwargs or {}))
         self.fault, self.at_step, self.sleep_s = fault, at_step, sleep_s
         self.once_file = Path(once_file) if once_file else None

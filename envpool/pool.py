@@ -26,12 +26,11 @@ from horizonrl.protos.placement import node_ip
 @dataclass(slots=True)
 class PendingCall:
     """A submitted pool call: per actor its call (Ray ref or future), the positions it
-    answers and the actor's epoch when it went out."""
+    answers, the actor's epoch when it went out and its deadline (time.monotonic())."""
 
     method: str
     results: list[Any]
-    calls: dict[int, tuple[Any, list[int], int]]
-    deadline: float  # time.monotonic()
+    calls: dict[int, tuple[Any, list[int], int, float]]
     t_start: float
 
 
@@ -66,6 +65,10 @@ class EnvPool:
         self.index = index
         self._actors: list[Any] | None = None  # Ray actors, or EnvWorkers with `in_process`
         self._threads: ThreadPoolExecutor | None = None  # in_process: the calls' deadlines
+        # Ray actors not yet known to have started: their `ready` ref. A call to one waits
+        # env.start_timeout_s on top of its own deadline, so a slow start (a JVM, a browser,
+        # a loaded node) is not taken for a hung call and restarted again.
+        self._starting: dict[int, Any] = {}
         self.epochs = [0] * cfg.num_actors
         self.restarts = 0
         # Client-side pool metrics: calls and their latency, failures by kind.
@@ -106,7 +109,9 @@ class EnvPool:
 
             remote = remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=True))
-        return remote.remote(*args, **extra)
+        handle = remote.remote(*args, **extra)
+        self._starting[actor] = handle.ready.remote()
+        return handle
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         actors = self.actors  # in_process: built on the spot, nothing to wait for
@@ -114,6 +119,7 @@ class EnvPool:
             import ray
 
             ray.get([a.ready.remote() for a in actors], timeout=timeout_s)
+            self._starting.clear()
 
     def node_ips(self) -> list[str]:
         """The node each env actor runs on (in_process: this process's)."""
@@ -176,8 +182,7 @@ class EnvPool:
         (replica, arg): one call per actor; `collect` waits for it, up to `timeout_s` (default
         env.call_timeout_s). Episodes that run independently keep several in flight."""
         timeout_s = timeout_s or self.cfg.call_timeout_s
-        pending = PendingCall(method, [None] * len(slots), {}, time.monotonic() + timeout_s,
-                              time.perf_counter())
+        pending = PendingCall(method, [None] * len(slots), {}, time.perf_counter())
         by_actor: dict[int, list[int]] = {}
         for i, s in enumerate(slots):
             if s.epoch != self.epochs[s.actor]:
@@ -185,14 +190,27 @@ class EnvPool:
             else:
                 by_actor.setdefault(s.actor, []).append(i)
         for a, idx in by_actor.items():
+            deadline = time.monotonic() + timeout_s + self._start_allowance(a)
             pending.calls[a] = (self._submit(a, method, [items[i] for i in idx]), idx,
-                                self.epochs[a])
+                                self.epochs[a], deadline)
         return pending
+
+    def _start_allowance(self, actor: int) -> float:
+        """env.start_timeout_s while `actor` has not answered its `ready` ping yet, else 0."""
+        ref = self._starting.get(actor)
+        if ref is None:
+            return 0.0
+        import ray
+
+        if ray.wait([ref], timeout=0)[0]:
+            del self._starting[actor]
+            return 0.0
+        return self.cfg.start_timeout_s
 
     def ready(self, pendings: Sequence[PendingCall], wait_s: float = 0.0) -> list[bool]:
         """`done` for several submitted calls at once (one `ray.wait` for all of them);
         with `wait_s` > 0, first waits up to that long for any of them to be answered."""
-        calls = [c for p in pendings for c, _, _ in p.calls.values()]
+        calls = [c for p in pendings for c, _, _, _ in p.calls.values()]
         if calls and wait_s > 0:
             if self.cfg.in_process:
                 futures_wait(calls, timeout=wait_s, return_when=FIRST_COMPLETED)
@@ -209,7 +227,7 @@ class EnvPool:
 
             answered = {id(c) for c in ray.wait(calls, num_returns=len(calls), timeout=0)[0]}
         now = time.monotonic()
-        return [now >= p.deadline or all(id(c) in answered for c, _, _ in p.calls.values())
+        return [all(id(c) in answered or now >= deadline for c, _, _, deadline in p.calls.values())
                 for p in pendings]
 
     def collect(self, pending: PendingCall) -> list[Any]:
@@ -221,9 +239,9 @@ class EnvPool:
         results = pending.results
         # The actor died, or an in-process worker raised out of its per-replica guards.
         died = Exception if self.cfg.in_process else ray.exceptions.RayActorError
-        for a, (call, idx, epoch) in pending.calls.items():
+        for a, (call, idx, epoch, deadline) in pending.calls.items():
             try:
-                got = self._result(call, max(0.0, pending.deadline - time.monotonic()))
+                got = self._result(call, max(0.0, deadline - time.monotonic()))
             except (ray.exceptions.GetTimeoutError, FutureTimeout):
                 got = [EnvError("timeout", f"{pending.method} passed its deadline")] * len(idx)
                 self._restart(a, kill=True, epoch=epoch)
@@ -280,10 +298,11 @@ class EnvPool:
 
         if self.cfg.in_process:
             return 0  # the replicas live in this process: alive as long as it is
+        base = time.monotonic() + (timeout_s or self.cfg.call_timeout_s)
+        deadlines = [base + self._start_allowance(i) for i in range(len(self.actors))]
         refs = [a.ready.remote() for a in self.actors]
         replaced = 0
-        deadline = time.monotonic() + (timeout_s or self.cfg.call_timeout_s)
-        for i, ref in enumerate(refs):
+        for i, (ref, deadline) in enumerate(zip(refs, deadlines)):
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):

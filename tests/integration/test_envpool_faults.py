@@ -88,3 +88,33 @@ def test_hung_step_is_cut_by_the_timeout():
         pool.release([slot])
         (fresh,) = pool.acquire(1)
         assert not isinstance(pool.reset([fresh], [6])[0], EnvError)
+
+
+def test_a_restarted_actors_slow_start_is_not_taken_for_a_hang(tmp_path):
+    """The replacement of a hung actor takes longer to start than one call may take (a JVM or
+    browser on a loaded node): its first call waits env.start_timeout_s on top of the call's
+    deadline instead of timing out and restarting it again; a start past that is still cut."""
+    from horizonrl.cluster.config import RayConfig
+    from horizonrl.cluster.ops.runtime import ray_session
+
+    def pool_with(start_timeout_s: float, drill: str) -> EnvPool:
+        kwargs = {"env": "babyai", "fault": "sleep", "at_step": 1, "sleep_s": 20,
+                  "once_file": str(tmp_path / drill), "start_s": 4}
+        return EnvPool(EnvConfig(name="faulty", kwargs=kwargs, num_actors=1,
+                                 replicas_per_actor=1, call_timeout_s=2,
+                                 start_timeout_s=start_timeout_s))
+
+    with ray_session(RayConfig(num_cpus=2)):
+        for start_timeout_s, fresh_reset_ok in ((60, True), (0.5, False)):
+            pool = pool_with(start_timeout_s, f"drill-{start_timeout_s}")
+            pool.wait_ready()
+            (slot,) = pool.acquire(1)
+            assert not isinstance(pool.reset([slot], [5])[0], EnvError)
+            (res,) = pool.step([slot], ["move forward"])  # hangs 20 s: cut at 2 s
+            assert isinstance(res, EnvError) and res.kind == "timeout"
+            pool.release([slot])
+            (fresh,) = pool.acquire(1)
+            (got,) = pool.reset([fresh], [6])  # the replacement needs ~4 s to start
+            assert isinstance(got, EnvError) is not fresh_reset_ok, got
+            assert pool.restarts == (1 if fresh_reset_ok else 2)
+            pool.close()
