@@ -23,7 +23,10 @@ the page's random generator is seeded from the seed itself, so train, eval and t
 draw different instances of the same tasks. The reward is MiniWoB's own raw reward when the task
 ends (1 on success, -1 on a wrong answer, partial credit on a few tasks), 0 before; success is a
 raw reward > 0. MiniWoB's time-scaled reward is not used: it measures the wall clock, which here
-is mostly the model thinking, not the agent's skill.
+is mostly the model thinking, not the agent's skill. `reward="success"` scores a wrong answer 0,
+as running out of turns is (the raw reward where it is positive): with the raw reward a policy
+gains by never answering (0) rather than answering wrongly (-1), and RL taught it exactly that
+(docs/credit.md, MiniWoB).
 
 The in-page timer: every MiniWoB page ends its episode after `core.EPISODE_MAX_TIME` of wall
 clock (10 s by default) with reward -1. With a model reading and writing between turns on a busy
@@ -131,11 +134,15 @@ class MiniWoBEnv:
         chromedriver: str = "/usr/bin/chromedriver",
         call_timeout_s: float = 30.0,
         allow_script: bool = False,
+        reward: str = "raw",
     ) -> None:
         self.tasks = tuple(tasks) if tasks is not None else TASKS
         if not self.tasks or any(t not in ORACLES for t in self.tasks):
             raise ValueError(f"tasks must be a non-empty list of {list(TASKS)}; "
                              f"got {list(self.tasks)}")
+        if reward not in ("raw", "success"):
+            raise ValueError(f"reward must be 'raw' or 'success', got {reward!r}")
+        self.reward_mode = reward
         if recycle_every < 0:
             raise ValueError(f"recycle_every must be >= 0 (0: never), got {recycle_every}")
         if episode_time_s is not None and not 1 <= episode_time_s <= _DAY_S:
@@ -220,7 +227,8 @@ class MiniWoBEnv:
             self._obs = f"The task is over: {'success' if raw > 0 else 'failure'} (reward {raw:g})."
         else:
             self._obs = self._render()
-        return self._result(self._obs, raw if done else 0.0, invalid=False)
+        reward = (max(raw, 0.0) if self.reward_mode == "success" else raw) if done else 0.0
+        return self._result(self._obs, reward, invalid=False)
 
     def oracle_action(self) -> str:
         """The scripted expert's next action for this page (miniwob_tasks.ORACLES)."""

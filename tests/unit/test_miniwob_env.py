@@ -185,6 +185,22 @@ def test_the_page_timer_is_off_by_default_and_an_option():
         assert env.step(env.oracle_action()).info["success"]
 
 
+def test_the_success_reward_scores_a_wrong_answer_as_no_answer():
+    """reward="success": a wrong answer (raw -1) scores 0, as running out of turns does, and
+    success keeps its reward; the raw reward stays in info."""
+    with MiniWoBEnv(tasks=["click-test-2"], episode_time_s=1.0, reward="success") as env:
+        env.reset(seed=0)
+        time.sleep(1.3)  # the page timer ends the episode: raw -1
+        result = env.step(env.oracle_action())
+        assert result.terminated and result.reward == 0.0 and result.info["raw_reward"] == -1.0
+        env.episode_time_s = None
+        env.reset(seed=0)
+        result = env.step(env.oracle_action())
+        assert result.reward == 1.0 and result.info["success"]
+    with pytest.raises(ValueError, match="reward must be"):
+        MiniWoBEnv(reward="binary")
+
+
 def test_lifecycle_recycling_a_killed_browser_and_close():
     with MiniWoBEnv(tasks=["click-button"], recycle_every=2) as env:
         first = env.process_ids()
