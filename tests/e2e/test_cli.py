@@ -55,7 +55,9 @@ def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "ray.num_cpus=1",
          "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        # The run may first build the suite model, or wait for another test building it (117 s
+        # in a CI run, over 300 s on a loaded machine): the same bound as the next test's.
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "waiting for resources (CPU: needs 2.5, free now 1)" in out.stdout
     assert "does not fit the Ray cluster: CPU: needs 2.5, free now 1" in out.stderr
