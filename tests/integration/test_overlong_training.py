@@ -51,7 +51,11 @@ def _config(mode: str, root: Path, model: Path):
         "generator.tasks_per_step=4", "generator.group_size=4",
         "learner.world_size=1", "learner.minibatches=1", "learner.warmup_steps=0",
         f"learner.overlong={mode}", f"learner.overlong_penalty={PENALTY}",
-        "eval.every=1", "eval.tasks=8", "eval.horizons=[3]",
+        # Eval at horizon 1: any episode whose first action is invalid is cut there (a valid
+        # one ends it through max_primitive_steps), so the eval has cut episodes whatever the
+        # model's skill; at 3 a cut needs three invalid actions in a row, which a model built
+        # on another CPU did not make in 8 episodes.
+        "eval.every=1", "eval.tasks=8", "eval.horizons=[1]",
     ])
 
 
@@ -145,7 +149,7 @@ def _check_eval(seen: dict[str, list]) -> None:
     paid = [sum(t.rewards) for t in trajs]
     assert [r.reward for r in records] == pytest.approx(paid)
     (summary,) = seen["summary"]
-    cell = summary["policy"]["babyai"]["3"]
+    cell = summary["policy"]["babyai"]["1"]
     assert cell["episodes"] == 8  # masked episodes are still the policy's results
     assert cell["mean_reward"] == pytest.approx(sum(paid) / len(paid))
 
@@ -163,4 +167,4 @@ def test_overlong_mask_and_penalty_through_the_driver_and_the_ledger(
             check(run_dir, metrics)
             _check_eval(seen)
             lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-            assert "eval/babyai/h3/accuracy" in json.loads(lines[-1])
+            assert "eval/babyai/h1/accuracy" in json.loads(lines[-1])
