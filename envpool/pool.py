@@ -118,7 +118,9 @@ class EnvPool:
         if not self.cfg.in_process:
             import ray
 
-            ray.get([a.ready.remote() for a in actors], timeout=timeout_s)
+            # The `ready` pings the spawns already sent, rather than new ones.
+            refs = [self._starting.get(i) or a.ready.remote() for i, a in enumerate(actors)]
+            ray.get(refs, timeout=timeout_s)
             self._starting.clear()
 
     def node_ips(self) -> list[str]:
