@@ -113,14 +113,15 @@ class EnvPool:
         self._starting[actor] = handle.ready.remote()
         return handle
 
-    def wait_ready(self, timeout_s: float = 300.0) -> None:
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until every env actor has started (default: `env.start_timeout_s`)."""
         actors = self.actors  # in_process: built on the spot, nothing to wait for
         if not self.cfg.in_process:
             import ray
 
             # The `ready` pings the spawns already sent, rather than new ones.
             refs = [self._starting.get(i) or a.ready.remote() for i, a in enumerate(actors)]
-            ray.get(refs, timeout=timeout_s)
+            ray.get(refs, timeout=self.cfg.start_timeout_s if timeout_s is None else timeout_s)
             self._starting.clear()
 
     def node_ips(self) -> list[str]:
