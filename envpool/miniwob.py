@@ -26,7 +26,8 @@ raw reward > 0. MiniWoB's time-scaled reward is not used: it measures the wall c
 is mostly the model thinking, not the agent's skill. `reward="success"` scores a wrong answer 0,
 as running out of turns is (the raw reward where it is positive): with the raw reward a policy
 gains by never answering (0) rather than answering wrongly (-1), and RL taught it exactly that
-(docs/credit.md, MiniWoB).
+(docs/credit.md, MiniWoB). `invalid_penalty` (shaping, off by default) rewards each invalid action
+-invalid_penalty on its own turn, where a turn-level estimator can place it.
 
 The in-page timer: every MiniWoB page ends its episode after `core.EPISODE_MAX_TIME` of wall
 clock (10 s by default) with reward -1. With a model reading and writing between turns on a busy
@@ -135,6 +136,7 @@ class MiniWoBEnv:
         call_timeout_s: float = 30.0,
         allow_script: bool = False,
         reward: str = "raw",
+        invalid_penalty: float = 0.0,
     ) -> None:
         self.tasks = tuple(tasks) if tasks is not None else TASKS
         if not self.tasks or any(t not in ORACLES for t in self.tasks):
@@ -143,6 +145,9 @@ class MiniWoBEnv:
         if reward not in ("raw", "success"):
             raise ValueError(f"reward must be 'raw' or 'success', got {reward!r}")
         self.reward_mode = reward
+        if invalid_penalty < 0:
+            raise ValueError(f"invalid_penalty must be >= 0, got {invalid_penalty}")
+        self.invalid_penalty = float(invalid_penalty)
         if recycle_every < 0:
             raise ValueError(f"recycle_every must be >= 0 (0: never), got {recycle_every}")
         if episode_time_s is not None and not 1 <= episode_time_s <= _DAY_S:
@@ -260,7 +265,8 @@ class MiniWoBEnv:
         return "\n".join([f"Task: {self._utterance}", *(e.line() for e in elements)])
 
     def _invalid(self, why: str) -> StepResult:
-        return self._result(f"Invalid action. {why}\n\n{self._obs}", 0.0, invalid=True)
+        return self._result(f"Invalid action. {why}\n\n{self._obs}", -self.invalid_penalty,
+                            invalid=True)
 
     def _result(self, observation: str, reward: float, *, invalid: bool) -> StepResult:
         if self.max_steps is not None and self._steps >= self.max_steps and not self._done:

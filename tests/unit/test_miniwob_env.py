@@ -201,6 +201,19 @@ def test_the_success_reward_scores_a_wrong_answer_as_no_answer():
         MiniWoBEnv(reward="binary")
 
 
+def test_the_invalid_penalty_lands_on_the_invalid_turn_only():
+    """invalid_penalty: each invalid action's own turn is rewarded -penalty; valid turns and the
+    final reward are unchanged."""
+    with MiniWoBEnv(tasks=["click-test-2"], reward="success", invalid_penalty=0.05) as env:
+        env.reset(seed=0)
+        result = env.step("dance")
+        assert result.info["invalid_action"] and result.reward == -0.05
+        result = env.step(env.oracle_action())
+        assert result.terminated and result.reward == 1.0 and result.info["success"]
+    with pytest.raises(ValueError, match="invalid_penalty must be >= 0"):
+        MiniWoBEnv(invalid_penalty=-0.1)
+
+
 def test_lifecycle_recycling_a_killed_browser_and_close():
     with MiniWoBEnv(tasks=["click-button"], recycle_every=2) as env:
         first = env.process_ids()
