@@ -107,7 +107,7 @@ def test_a_restarted_actors_slow_start_is_not_taken_for_a_hang(tmp_path):
     with ray_session(RayConfig(num_cpus=2)):
         for start_timeout_s, fresh_reset_ok in ((60, True), (0.5, False)):
             pool = pool_with(start_timeout_s, f"drill-{start_timeout_s}")
-            pool.wait_ready()
+            pool.wait_ready(timeout_s=60)  # the first start is setup, not under test
             (slot,) = pool.acquire(1)
             assert not isinstance(pool.reset([slot], [5])[0], EnvError)
             (res,) = pool.step([slot], ["move forward"])  # hangs 20 s: cut at 2 s
