@@ -101,7 +101,7 @@ def _experts_and_random(per_task: int) -> None:
     assert mean_rand <= 0.45  # the 1-element tasks (focus-text, click-dialog) are free wins
 
 
-# 720 browser episodes (about 4 minutes beside the other test worker): with the slow set. The
+# 720 browser episodes (431 s beside the other test worker, 2 cores): with the slow set. The
 # default suite checks every task's expert and the random agent on eval seeds in the env itself
 # (tests/unit/test_miniwob_env.py), and the expert through this pool in the killed-browser and
 # hung-page tests below.
