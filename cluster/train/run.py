@@ -22,11 +22,14 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     run directory."""
     from horizonrl.cluster.ops.runtime import link_worker_logs, ray_session
 
-    base = ensure_model(cfg.model, env=cfg.env)  # a first-use build gets the cores before Ray
-    check_context(base, cfg.generator.max_context_tokens)
-    t0 = time.perf_counter()
     with ray_session(cfg.ray):
-        wait_until_fits(cfg)  # before a run dir exists: a run that cannot start leaves none
+        # Before a run dir exists (a run that cannot start leaves none) and before a first-use
+        # model build: a run the cluster cannot hold says so in seconds, not after minutes of
+        # building. The idle Ray beside a build costs about 1 CPU-second in 30.
+        wait_until_fits(cfg)
+        base = ensure_model(cfg.model, env=cfg.env)
+        check_context(base, cfg.generator.max_context_tokens)
+        t0 = time.perf_counter()
         check_multinode(cfg, model_dir=base)  # several nodes: reachable ingest, shared paths
         run_dir, state = _open_run(cfg, resume)
         if not cfg.ray.log_to_driver and (logs := link_worker_logs(run_dir)) is not None:

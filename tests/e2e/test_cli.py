@@ -51,17 +51,19 @@ def test_status_without_a_run_says_so(tmp_path):
 
 def test_a_run_the_cluster_cannot_hold_fails_at_start_saying_what_is_missing(tmp_path):
     """A local Ray of 1 CPU for actors that need 2.5: instead of hanging on the first actor
-    that cannot be placed, the run waits the configured 2 s, then stops naming the shortfall."""
+    that cannot be placed, the run waits the configured 2 s, then stops naming the shortfall,
+    before it builds a model (a first-use build takes minutes) and before a run dir exists."""
+    runs, models = tmp_path / "runs", tmp_path / "models"
     out = subprocess.run(
         [*CLI, "train", "--config", "configs/babyai-local.yaml", *SUITE_MODEL, "ray.num_cpus=1",
-         "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={tmp_path}"],
-        # The run may first build the suite model, or wait for another test building it (117 s
-        # in a CI run, over 300 s on a loaded machine): the same bound as the next test's.
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+         "ray.wait_for_resources_s=2", "metrics.port=0", f"run_root={runs}",
+         f"model.cache_dir={models}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "waiting for resources (CPU: needs 2.5, free now 1)" in out.stdout
     assert "does not fit the Ray cluster: CPU: needs 2.5, free now 1" in out.stderr
-    assert not list(tmp_path.iterdir()), "a run that could not start left a run dir"
+    assert not runs.exists() or not list(runs.iterdir()), "it left a run dir"
+    assert not models.exists() or not list(models.iterdir()), "it built a model first"
 
 
 def test_train_cli_writes_run_dir(tmp_path):
