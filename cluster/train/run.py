@@ -25,7 +25,7 @@ def train(cfg: RunConfig, *, resume: str | None = None) -> Path:
     with ray_session(cfg.ray):
         # Before a run dir exists (a run that cannot start leaves none) and before a first-use
         # model build: a run the cluster cannot hold says so in seconds, not after minutes of
-        # building. The idle Ray beside a build costs about 1 CPU-second in 30.
+        # building (an idle Ray beside the build costs little).
         wait_until_fits(cfg)
         base = ensure_model(cfg.model, env=cfg.env)
         check_context(base, cfg.generator.max_context_tokens)
