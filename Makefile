@@ -14,7 +14,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 
 .PHONY: install install-dev train test test-all test-chaos test-fuzz test-multinode protos lint clean \
-	check-gpu-deps figures figures-check
+	check-gpu-deps figures figures-check test-soak
 
 install: $(VENV)/.installed
 AGENTGYM_VENV := .cache/agentgym-venv
@@ -83,10 +83,16 @@ test: install-dev
 test-all: install-dev
 	$(PY) -m pytest -q tests
 
-# Only the slow set (what `make test` leaves out); CI runs it after `make test`.
+# Only the slow set (what `make test` leaves out) but the soaks; CI runs it after `make test`.
 test-slow: install-dev
 	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	  -m slow tests
+	  -m "slow and not soak" tests
+
+# The soaks: browsers' and JVMs' memory over hundreds of episodes with recycling (about 6
+# minutes of test time). Not in CI: run them when envpool's recycling or an env's process
+# handling changes.
+test-soak: install-dev
+	$(PY) -m pytest -q -s -m soak tests
 
 # Faults injected into the real stack, each ending with a reconciled trajectory ledger.
 test-chaos: install

@@ -26,12 +26,13 @@ class GeneratorLost(RuntimeError):
 
 class Fleet:
     """`cfg.generator.num_generators` generator actors, started at `version` (a resume's) and
-    registered with `curriculum`. `connect(learner)` attaches the weight sync."""
+    registered with `curriculum`. `connect(learner)` attaches the weight sync.
+
+    With `wait=False` the generators are only spawned: the caller starts other actors (the
+    learner ranks) while their engines load, then calls `wait_ready()`."""
 
     def __init__(self, cfg: RunConfig, *, model_path: str, ingest: tuple[str, str | None],
-                 curriculum: Any, version: int = 0) -> None:
-        import ray
-
+                 curriculum: Any, version: int = 0, wait: bool = True) -> None:
         self.cfg, self.model_path, self.curriculum = cfg, model_path, curriculum
         self.ingest_address, self.ingest_token = ingest
         self.version = version
@@ -39,10 +40,18 @@ class Fleet:
         self.generators = [self._spawn(i) for i in range(cfg.generator.num_generators)]
         self.held = [version] * len(self.generators)  # the version each generator holds
         self.weights: WeightSync | None = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Every generator running (DoesNotFit past generator.restart_timeout_s) and
+        registered with the curriculum."""
+        import ray
+
         wait_started({f"generator gen{i}": g for i, g in enumerate(self.generators)},
-                     timeout_s=cfg.generator.restart_timeout_s,
-                     needs=placement_plan(cfg)[0][2], knob="generator.restart_timeout_s")
-        ray.get([curriculum.register.remote(f"gen{i}", g)
+                     timeout_s=self.cfg.generator.restart_timeout_s,
+                     needs=placement_plan(self.cfg)[0][2], knob="generator.restart_timeout_s")
+        ray.get([self.curriculum.register.remote(f"gen{i}", g)
                  for i, g in enumerate(self.generators)])
 
     def connect(self, learner: Any) -> None:

@@ -78,15 +78,17 @@ class Trainer:
             scheduling_strategy=here).remote(cfg.curriculum)
         if resume:
             ray.get(self.curriculum.set_state.remote(resume.curriculum))
-        # The generators and the one policy version (a resume's, or 0).
+        # The generators and the one policy version (a resume's, or 0). Their engines load
+        # while the learner ranks start, rather than one after the other.
         self.fleet = Fleet(cfg, model_path=self.model_path,
                            ingest=(self.ingest_address, self.ingest_token),
                            curriculum=self.curriculum,
-                           version=resume.policy_version if resume else 0)
+                           version=resume.policy_version if resume else 0, wait=False)
         self.learner = LearnerGroup(resolved_learner(cfg), model_path=self.model_path,
                                     ref_model_path=self.base_model_path,
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed,
                                     temperature=cfg.generator.temperature)
+        self.fleet.wait_ready()
         # What `auto` precisions became on the roles' devices, beside the config that asked.
         self.precision = {"learner": self.learner.dtype, "generator": "+".join(sorted(set(
             ray.get([g.precision.remote() for g in self.generators]))))}

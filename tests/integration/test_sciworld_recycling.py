@@ -1,7 +1,8 @@
 """SciWorld's JVMs grow over episodes; pool recycling keeps their memory bounded.
 
-Slow: 200 episodes through a real pool (2 replicas in one Ray actor), sampling the RSS of the
-actor's child processes (the JVMs) as it goes. Run with `pytest -m slow -s` to see the numbers.
+A soak (`make test-soak`, not in CI's slow set): 200 episodes through a real pool (2 replicas
+in one Ray actor), sampling the RSS of the actor's child processes (the JVMs) as it goes; the
+target runs with `-s`, which prints the numbers.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from horizonrl.envpool.pool import EnvPool
 from horizonrl.envpool.registry import env_spec
 from horizonrl.envpool.replicas import EnvError
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.soak,
+              pytest.mark.usefixtures("shared_ray")]
 
 EPISODES = int(os.environ.get("HORIZONRL_SCIWORLD_EPISODES", "200"))
 STEPS = 4  # random actions per episode after reset

@@ -1,7 +1,8 @@
 """SciWorldEnv: contract, seeds and splits, rewards, ambiguity, bad input, JVM lifecycle.
 
 The default suite shares one JVM (module fixture) plus one short-lived JVM for the close test;
-the oracle/random comparison and the RSS measurement are marked slow.
+the oracle/random comparison is marked slow, the RSS measurement slow and soak (`make
+test-soak`, not in CI).
 """
 
 from __future__ import annotations
@@ -303,6 +304,7 @@ def test_oracle_succeeds_and_random_agent_does_not():
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_jvm_rss_grows_until_recycled():
     env = SciWorldEnv()
     (pid,) = env.process_ids()
