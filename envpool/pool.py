@@ -284,9 +284,11 @@ class EnvPool:
         if kill and self.cfg.in_process:
             # A hung in-process env cannot be killed: its thread is abandoned (a fresh pool
             # takes the next calls) and the replicas rebuilt. Calls already queued on the old
-            # pool still run there (or meet their own deadline).
-            self._threads.shutdown(wait=False)
-            self._threads = None
+            # pool still run there (or meet their own deadline). Two actors timed out in one
+            # call: the first restart already dropped the pool.
+            if self._threads is not None:
+                self._threads.shutdown(wait=False)
+                self._threads = None
         elif kill:
             ray.kill(self.actors[actor], no_restart=True)
         self.actors[actor] = self._spawn(actor)

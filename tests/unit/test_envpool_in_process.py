@@ -60,6 +60,25 @@ def test_a_hung_step_fails_only_its_episode_by_the_deadline(tmp_path):
     pool.close()
 
 
+def test_two_workers_hung_in_one_call_are_both_rebuilt():
+    # Without a once_file every step sleeps: both workers pass the deadline in the same call,
+    # as two slow steps do on a loaded machine. Each is rebuilt once, and the pool goes on.
+    hung = {"env": "babyai", "env_kwargs": BABYAI, "fault": "sleep", "at_step": 1,
+            "sleep_s": 3.0}
+    pool = EnvPool(EnvConfig(name="faulty", kwargs=hung, num_actors=2, replicas_per_actor=1,
+                             call_timeout_s=0.5, in_process=True))
+    slots = pool.acquire(2)
+    assert all(not isinstance(r, EnvError) for r in pool.reset(slots, [1, 2]))
+    results = pool.step(slots, ["turn left", "turn left"])
+    assert [r.kind for r in results if isinstance(r, EnvError)] == ["timeout", "timeout"]
+    assert pool.restarts == 2 and pool.stats()["errors_timeout"] == 2
+    pool.release(slots)
+    fresh = pool.acquire(2)
+    assert all(not isinstance(r, EnvError) for r in pool.reset(fresh, [3, 4]))
+    pool.release(fresh)
+    pool.close()
+
+
 def test_an_env_that_raises_fails_only_its_episode():
     faulty = {"env": "babyai", "env_kwargs": BABYAI, "fault": "raise", "at_step": 1}
     pool = EnvPool(EnvConfig(name="faulty", kwargs=faulty, num_actors=1, replicas_per_actor=1,

@@ -108,7 +108,7 @@ def test_a_hung_env_fails_only_its_own_episode(tokenizer, tmp_path):
     pool = _pool("faulty", {"env": "babyai", "env_kwargs": {"level": "BabyAI-GoToRedBall-v0"},
                             "fault": "sleep", "at_step": 1, "sleep_s": 3.0,
                             "once_file": str(tmp_path / "fired")},
-                 num_actors=6, replicas_per_actor=1, call_timeout_s=0.5)
+                 num_actors=6, replicas_per_actor=1, call_timeout_s=1.5)
     done = []
     runner = IndependentEpisodes(StaggeredEngine(reply), {"faulty": pool}, max_tokens=8,
                                  temperature=1.0, max_in_flight=6, on_done=done.extend)
