@@ -71,6 +71,9 @@ def test_async_phase_survives_a_change_during_a_rollout_longer_than_the_timeout(
         curriculum = ray.remote(num_cpus=0)(CurriculumActor).remote(
             cfg.curriculum, broadcast_timeout_s=timeout_s)
         gen = ray.remote(num_cpus=0)(_SlowGenerator).remote(rollout_s)
+        # Running before it registers, as the fleet does (Fleet.wait_ready): register waits
+        # only the 0.5 s timeout, which a new actor's process start can take on a loaded machine.
+        ray.get(gen.ready.remote())
         ray.get(curriculum.register.remote("gen0", gen))
         trainer = SimpleNamespace(
             cfg=cfg, generators=[gen], curriculum=curriculum, policy_version=0, step_count=0,
