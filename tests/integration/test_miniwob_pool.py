@@ -105,11 +105,10 @@ def _experts_and_random(per_task: int, random_per_task: int) -> None:
     assert mean_rand <= 0.45  # the 1-element tasks (focus-text, click-dialog) are free wins
 
 
-# 480 browser episodes: with the slow set (at 720 episodes it took 431 s beside the other test
-# worker on 2 cores). The
-# default suite checks every task's expert and the random agent on eval seeds in the env itself
-# (tests/unit/test_miniwob_env.py), and the expert through this pool in the killed-browser and
-# hung-page tests below.
+# 480 browser episodes (177 s in the slow set on 2 cores; at 720 it took 431 s beside a
+# loaded worker): with the slow set. The default suite checks every task's expert and the
+# random agent on eval seeds in the env itself (tests/unit/test_miniwob_env.py), and the
+# expert through this pool in the killed-browser and hung-page tests below.
 @pytest.mark.slow
 def test_experts_solve_eval_tasks_and_a_random_agent_does_not():
     _experts_and_random(PER_TASK, RANDOM_PER_TASK)
