@@ -26,13 +26,12 @@ class GeneratorLost(RuntimeError):
 
 class Fleet:
     """`cfg.generator.num_generators` generator actors, started at `version` (a resume's) and
-    registered with `curriculum`. `connect(learner)` attaches the weight sync.
-
-    With `wait=False` the generators are only spawned: the caller starts other actors (the
-    learner ranks) while their engines load, then calls `wait_ready()`."""
+    registered with `curriculum` by `wait_ready()`; `connect(learner)` attaches the weight sync.
+    The constructor only spawns them, so the caller can start other actors (the learner ranks)
+    while their engines load."""
 
     def __init__(self, cfg: RunConfig, *, model_path: str, ingest: tuple[str, str | None],
-                 curriculum: Any, version: int = 0, wait: bool = True) -> None:
+                 curriculum: Any, version: int = 0) -> None:
         self.cfg, self.model_path, self.curriculum = cfg, model_path, curriculum
         self.ingest_address, self.ingest_token = ingest
         self.version = version
@@ -40,8 +39,6 @@ class Fleet:
         self.generators = [self._spawn(i) for i in range(cfg.generator.num_generators)]
         self.held = [version] * len(self.generators)  # the version each generator holds
         self.weights: WeightSync | None = None
-        if wait:
-            self.wait_ready()
 
     def wait_ready(self) -> None:
         """Every generator running (DoesNotFit past generator.restart_timeout_s) and

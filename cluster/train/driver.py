@@ -83,7 +83,7 @@ class Trainer:
         self.fleet = Fleet(cfg, model_path=self.model_path,
                            ingest=(self.ingest_address, self.ingest_token),
                            curriculum=self.curriculum,
-                           version=resume.policy_version if resume else 0, wait=False)
+                           version=resume.policy_version if resume else 0)
         self.learner = LearnerGroup(resolved_learner(cfg), model_path=self.model_path,
                                     ref_model_path=self.base_model_path,
                                     pad_id=load_tokenizer(base).pad_token_id, seed=cfg.seed,
