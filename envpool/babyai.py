@@ -27,6 +27,10 @@ from minigrid.core.world_object import WorldObj
 from horizonrl.envpool.babyai_oracle import macro_oracle_action, primitive_oracle_action
 from horizonrl.envpool.base import StepResult, parse_agentgym_action, shaping_weight
 
+# Kwargs that never change an observation (the reward mode and the penalty change rewards only):
+# the tiny model's cache key leaves them out (EnvSpec.reward_kwargs).
+REWARD_KWARGS = frozenset(("reward", "invalid_penalty"))
+
 SYSTEM_PROMPT = (
     "You are an agent in a grid world. Each turn, answer with one line: Action: followed by "
     "exactly one action copied from the Actions list."

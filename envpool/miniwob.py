@@ -57,6 +57,10 @@ from horizonrl.envpool.miniwob_tasks import ORACLES, TASKS, TEXT_INPUTS, OracleP
 os.environ.setdefault("SE_OFFLINE", "true")
 os.environ.setdefault("SE_AVOID_STATS", "true")
 
+# Kwargs that never change an observation (the reward mode and the penalty change rewards only):
+# the tiny model's cache key leaves them out (EnvSpec.reward_kwargs).
+REWARD_KWARGS = frozenset(("reward", "invalid_penalty"))
+
 SYSTEM_PROMPT = (
     "You are a web agent. Each message gives a task and the page: one line per element, "
     "[ref] tag \"text\" and its state. Actions:\n"

@@ -28,19 +28,23 @@ class EnvSpec:
     vocabulary: Callable[..., list[str]] | None = None
     """The words of the env's own names for the env's kwargs (Deep Search's made-up entities),
     for a tokenizer that keeps them whole; None where the env has none to list."""
+    reward_kwargs: frozenset[str] = frozenset()
+    """Kwargs that change only the reward, never an observation (shaping weights, the reward
+    mode): the tiny model does not depend on them, so its cache key leaves them out."""
 
 
 def _from_module(name: str, module: str, factory: str) -> Callable[[], EnvSpec]:
     """A lazy spec: the env's module (and its heavy imports) load only when the env is used.
 
     Each env module defines `SYSTEM_PROMPT`, `parse_action`, `format_action`, `random_action`
-    and the factory, and may define `vocabulary`.
+    and the factory, and may define `vocabulary` and `REWARD_KWARGS`.
     """
 
     def load() -> EnvSpec:
         mod = importlib.import_module(module)
         return EnvSpec(name, getattr(mod, factory), mod.SYSTEM_PROMPT, mod.parse_action,
-                       mod.format_action, mod.random_action, getattr(mod, "vocabulary", None))
+                       mod.format_action, mod.random_action, getattr(mod, "vocabulary", None),
+                       frozenset(getattr(mod, "REWARD_KWARGS", ())))
 
     return load
 

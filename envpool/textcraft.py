@@ -45,6 +45,10 @@ with warnings.catch_warnings():
 
 from horizonrl.envpool.textcraft_plan import recipe_tree, solve, subgoals
 
+# Kwargs that never change an observation (the shaping weights change rewards only):
+# the tiny model's cache key leaves them out (EnvSpec.reward_kwargs).
+REWARD_KWARGS = frozenset(("invalid_penalty", "subgoal_reward"))
+
 SYSTEM_PROMPT = (
     "You craft Minecraft items in a text game. The first message lists crafting commands and "
     "a goal item. Commands:\n"

@@ -9,6 +9,14 @@ from pathlib import Path
 
 from horizonrl.cluster.config import ConfigError, ModelConfig, TinyModelConfig
 from horizonrl.envpool.config import EnvConfig
+from horizonrl.envpool.registry import env_spec
+
+
+def model_kwargs(env: EnvConfig) -> dict:
+    """The env kwargs that shape the tiny model: all but those that change only the reward
+    (`EnvSpec.reward_kwargs`), so a run with shaping on reuses the model built without it."""
+    reward_only = env_spec(env.name).reward_kwargs
+    return {k: v for k, v in env.kwargs.items() if k not in reward_only}
 
 
 def tiny_model_dir(cfg: ModelConfig, env: EnvConfig) -> Path:
@@ -17,7 +25,8 @@ def tiny_model_dir(cfg: ModelConfig, env: EnvConfig) -> Path:
     if not tiny["names"]:  # a field added later counts only when set: older caches stay valid
         del tiny["names"]
     tiny["max_turns"] = tiny.pop("horizon")  # its former name: caches built before stay valid
-    key = json.dumps({"tiny": tiny, "env": env.name, "kwargs": env.kwargs}, sort_keys=True)
+    key = json.dumps({"tiny": tiny, "env": env.name, "kwargs": model_kwargs(env)},
+                     sort_keys=True)
     return Path(cfg.cache_dir) / f"tiny-{env.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
@@ -74,4 +83,5 @@ def build_from_config(out: str | Path, tiny: TinyModelConfig, *, env: EnvConfig)
     """`horizonrl make-tiny-model` and the cache above: the tiny model as `tiny` describes it."""
     from horizonrl.cluster.model.tiny_model import build_tiny_model
 
-    return build_tiny_model(out, env_name=env.name, env_kwargs=env.kwargs, **tiny.model_dump())
+    return build_tiny_model(out, env_name=env.name, env_kwargs=model_kwargs(env),
+                            **tiny.model_dump())
